@@ -1,0 +1,3 @@
+from b70bench.cli import main
+
+raise SystemExit(main())

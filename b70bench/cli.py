@@ -1,0 +1,78 @@
+"""`b70bench`: one entry point, one subcommand per suite; a thin front over the library.
+
+Each subcommand lives in its suite's module, which defines `register(subparsers)`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import sys
+
+from b70bench import __version__
+from b70bench.errors import UsageError
+
+# Modules that define subcommands, in the order `--help` lists them.
+SUBCOMMAND_MODULES = (
+    "b70bench.info",
+    "b70bench.copy",
+    "b70bench.allreduce",
+    "b70bench.moe.cli",
+    "b70bench.decode.cli",
+    "b70bench.summarize",
+    "b70bench.patches",
+    "b70bench.cachekey",
+    "b70bench.revisions",
+)
+
+
+def add_device_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--backend", choices=None, metavar="{xpu,cuda,cpu}",
+                        help="device backend (default: xpu, then cuda, then cpu; env B70BENCH_BACKEND)")
+    parser.add_argument("--device-index", type=int, default=None,
+                        help="device index (default 0; env B70BENCH_DEVICE_INDEX)")
+
+
+def add_json_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", metavar="FILE", default=None,
+                        help="also write the records and the fingerprint to FILE ('-' for stdout only)")
+
+
+def _module_exists(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:
+        return False
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="b70bench",
+        description="Communication, kernel and end-to-end decode benchmarks for LLM inference stacks.")
+    parser.add_argument("--version", action="version", version=f"b70bench {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in SUBCOMMAND_MODULES:
+        if _module_exists(name):
+            importlib.import_module(name).register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except UsageError as err:
+        print(f"b70bench {args.command}: error: {err}", file=sys.stderr)
+        return err.exit_code
+    except KeyboardInterrupt:
+        print(f"b70bench {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

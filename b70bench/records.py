@@ -1,0 +1,76 @@
+"""Records: one flat JSON object per measured row, printed as a table or written as JSON.
+
+Figures carry their unit in the key (time_us, busbw_gbps, output_tok_per_s, ...).
+JSON files are written atomically (temp file + rename) so a crash never leaves half a file.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+
+
+def record(suite: str, fingerprint: dict | None = None, **fields) -> dict:
+    row = {"suite": suite, **fields}
+    if fingerprint is not None:
+        row["fingerprint"] = fingerprint
+    return row
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def write_json(path: str | os.PathLike, records: list[dict], **extra) -> None:
+    atomic_write_text(path, json.dumps({**extra, "records": records}, indent=2, default=str) + "\n")
+
+
+def read_json(path: str | os.PathLike) -> list[dict]:
+    with open(path) as f:
+        data = json.load(f)
+    return data["records"] if isinstance(data, dict) else data
+
+
+def _cell(value) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "nan"
+        if value == 0:
+            return "0"
+        mag = abs(value)
+        if mag >= 1000:
+            return f"{value:.0f}"
+        if mag >= 100:
+            return f"{value:.1f}"
+        if mag >= 0.01:
+            return f"{value:.3f}"
+        return f"{value:.2e}"
+    return str(value)
+
+
+def format_table(records: list[dict], columns: list[str]) -> str:
+    """nccl-tests-like fixed-width table, one row per record, right-aligned numbers."""
+    rows = [[_cell(r.get(c)) for c in columns] for r in records]
+    widths = [max(len(c), *(len(row[i]) for row in rows)) if rows else len(c) for i, c in enumerate(columns)]
+    lines = ["  ".join(c.rjust(w) for c, w in zip(columns, widths))]
+    lines += ["  ".join(v.rjust(w) for v, w in zip(row, widths)) for row in rows]
+    return "\n".join(lines)
