@@ -185,6 +185,9 @@ def select(backend: str | None = None, index: int | None = None) -> Device:
     if not 0 <= index < count:
         raise UsageError(f"device index {index} is out of range: this machine has {count} {backend} "
                          f"device(s), use --device-index 0..{count - 1}")
+    if backend != "cpu":
+        # Events and streams are recorded on the current device: make it the one we time.
+        _module(backend).set_device(index)
     return Device(backend, index)
 
 
