@@ -10,7 +10,8 @@ import functools
 
 import torch
 
-from b70bench import cli, device as devmod, records, timing
+from b70bench import cli, records, timing
+from b70bench import device as devmod
 from b70bench.fingerprint import fingerprint
 
 GIB = 1 << 30
@@ -37,15 +38,13 @@ def measure(dev: devmod.Device, nbytes: int | None = None, *, repeat: int = 30, 
     dst = torch.full_like(src, -1)  # poisoned, so an unwritten element shows up as wrong
     t = timing.measure(dev, lambda: dst.copy_(src), warmup=warmup, repeat=repeat)
     wrong = int((dst != src).sum())
-    del src, dst
-    dev.empty_cache()
     return records.record(
         "copy", bytes=nbytes, **t.summary(), samples_s=t.samples,
         bandwidth_gbps=2 * nbytes / t.median / 1e9, bandwidth_gbps_max=2 * nbytes / t.min / 1e9,
         wrong=wrong)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def anchor_gbps(dev: devmod.Device) -> float:
     """Copy bandwidth of dev in GB/s, measured once per process for suites to compare against."""
     return measure(dev)["bandwidth_gbps"]

@@ -42,10 +42,12 @@ def _missing_reason(backend: str) -> str:
         if torch.version.cuda is None:
             return (f"torch {build} is built without CUDA: install a CUDA build of torch "
                     f"(pip install '.[cuda]') or pass --backend cpu")
-        return "torch sees no CUDA device (driver missing or CUDA_VISIBLE_DEVICES empty): fix the driver or pass --backend cpu"
+        return ("torch sees no CUDA device (driver missing or CUDA_VISIBLE_DEVICES empty): "
+                "fix the driver or pass --backend cpu")
     if backend == "xpu":
         if not hasattr(torch, "xpu"):
-            return f"torch {build} has no torch.xpu: install an XPU build of torch (pip install '.[xpu]') or pass --backend cpu"
+            return (f"torch {build} has no torch.xpu: install an XPU build of torch "
+                    f"(pip install '.[xpu]') or pass --backend cpu")
         return (f"torch {build} sees no XPU device (no XPU build, or no Level Zero driver): "
                 f"install torch from PyTorch's xpu index and Intel's GPU driver, or pass --backend cpu")
     return ""

@@ -79,7 +79,7 @@ def collective_version(device: Device) -> str | None:
 
 def fingerprint(device: Device, collective_backend: str | None = None) -> dict:
     return {
-        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "host": platform.node(),
         "backend": device.backend,
         "device": device.name,

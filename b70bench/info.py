@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 
-from b70bench import cli, copy, device as devmod, records, suites
+from b70bench import cli, copy, records, suites
+from b70bench import device as devmod
 from b70bench.fingerprint import fingerprint
 
 

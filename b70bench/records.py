@@ -71,6 +71,6 @@ def format_table(records: list[dict], columns: list[str]) -> str:
     """nccl-tests-like fixed-width table, one row per record, right-aligned numbers."""
     rows = [[_cell(r.get(c)) for c in columns] for r in records]
     widths = [max(len(c), *(len(row[i]) for row in rows)) if rows else len(c) for i, c in enumerate(columns)]
-    lines = ["  ".join(c.rjust(w) for c, w in zip(columns, widths))]
-    lines += ["  ".join(v.rjust(w) for v, w in zip(row, widths)) for row in rows]
+    lines = ["  ".join(c.rjust(w) for c, w in zip(columns, widths, strict=True))]
+    lines += ["  ".join(v.rjust(w) for v, w in zip(row, widths, strict=True)) for row in rows]
     return "\n".join(lines)

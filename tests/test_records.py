@@ -1,0 +1,37 @@
+import json
+import os
+
+import pytest
+
+from b70bench import records
+
+
+def test_write_json_is_atomic_and_readable(tmp_path):
+    path = tmp_path / "sub" / "r.json"
+    rows = [records.record("copy", {"host": "x"}, bytes=8, time_us=1.5)]
+    records.write_json(path, rows, fingerprint={"host": "x"})
+    assert records.read_json(path) == rows
+    assert json.loads(path.read_text())["fingerprint"] == {"host": "x"}
+    assert [p.name for p in path.parent.iterdir()] == ["r.json"]  # no temp file left
+
+
+def test_failed_write_keeps_the_old_file(tmp_path, monkeypatch):
+    path = tmp_path / "r.json"
+    records.write_json(path, [{"a": 1}])
+
+    def boom(*a, **k):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "replace", boom)
+    with pytest.raises(OSError):
+        records.write_json(path, [{"a": 2}])
+    assert records.read_json(path) == [{"a": 1}]
+    assert len(list(tmp_path.iterdir())) == 1
+
+
+def test_table_aligns_and_formats():
+    text = records.format_table([{"size": 8, "t": 1234.5678}, {"size": 268435456, "t": 0.000123, "x": None}],
+                                ["size", "t", "x"])
+    lines = text.splitlines()
+    assert len({len(line) for line in lines}) == 1
+    assert "1235" in lines[1] and "1.23e-04" in lines[2] and lines[2].endswith("-")
