@@ -73,7 +73,8 @@ def collective_version(device: Device) -> str | None:
         v = torch.cuda.nccl.version()
         return ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
     if device.backend == "xpu":
-        return dist_version("oneccl_bind_pt", "oneccl-bind-pt")
+        # Native xccl ships inside torch; the deprecated bindings, if present, bring their own oneCCL.
+        return dist_version("oneccl_bind_pt", "oneccl-bind-pt") or torch.__version__
     return torch.__version__ if device.backend == "cpu" else None
 
 
