@@ -1,0 +1,184 @@
+"""Compile-cache keys: finding them, reading AOT artifacts without running them, explaining a change, pins."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from b70bench import cachekey
+from b70bench.errors import UsageError
+
+ROOT = Path(__file__).resolve().parent.parent
+AOT_A = "a" * 64
+AOT_B = "b" * 64
+
+
+# Classes shaped like torch._dynamo.package's, pickled by value (no torch needed to write or read them).
+class SerializedCode:
+    def __init__(self, qualname, filename, firstlineno):
+        self.co_qualname, self.co_filename, self.co_firstlineno = qualname, filename, firstlineno
+        self.co_name = qualname.rsplit(".", 1)[-1]
+
+
+class InlinedSource:
+    def __init__(self, module, first, last, content):
+        self.module, self.firstlineno, self.lastlineno, self.content = module, first, last, content
+        self.checksum = hashlib.sha256(content.encode()).hexdigest()[:16] + f"{first}"
+
+
+class SourceInfo:
+    def __init__(self, sources):
+        self.inlined_sources = set(sources)
+
+
+class SystemInfo:
+    def __init__(self, triton):
+        self.python_version, self.triton_version, self.gpu_name = "3.11.7", triton, None
+
+
+MODEL_SRC = "class MiniMaxM2Model:\n    def forward(self):\n        pass\n"
+
+
+def write_aot(root: Path, key: str, forward_line: int, model_src: str, triton=(3, 9)) -> Path:
+    d = root / "torch_compile_cache" / "torch_aot_compile" / key / "rank_0_0"
+    d.mkdir(parents=True)
+    (d.parent / "inductor_cache" / "xy").mkdir(parents=True)
+    art = {
+        "original_code": SerializedCode("MiniMaxM2Model.forward", "/x/minimax_m2.py", forward_line),
+        "source_info": SourceInfo([
+            InlinedSource("vllm.model_executor.models.minimax_m2", forward_line, forward_line + 40, model_src),
+            InlinedSource("vllm.model_executor.layers.linear", 10, 20, "def f():\n    pass\n"),
+        ]),
+        "system_info": SystemInfo(triton), "backend_name": "inductor", "device_type": "cpu",
+    }
+    (d / "model").write_bytes(pickle.dumps(art, protocol=4))
+    return d.parent
+
+
+def write_piecewise(root: Path, key: str, env: dict, compiler_hash: str) -> Path:
+    d = root / "torch_compile_cache" / key / "rank_0_0" / "backbone"
+    d.mkdir(parents=True)
+    (d / cachekey.FACTORS_NAME).write_text(json.dumps({"env": env, "config_hash": "c1", "code_hash": "k1",
+                                                       "compiler_hash": compiler_hash}))
+    return d.parent.parent
+
+
+def test_find_keys_reads_aot_artifact(tmp_path):
+    write_aot(tmp_path, AOT_A, 385, MODEL_SRC)
+    (key,) = cachekey.find_keys(tmp_path)
+    assert key["kind"] == "aot" and key["key"] == AOT_A
+    art = key["artifacts"]["rank_0_0"]
+    assert art["forward"] == {"qualname": "MiniMaxM2Model.forward", "filename": "/x/minimax_m2.py",
+                              "firstlineno": 385}
+    assert art["compiler"]["triton"] == "3.9" and art["compiler"]["device_type"] == "cpu"
+    mm = art["sources"]["vllm.model_executor.models.minimax_m2"]
+    assert mm["sha256"] == hashlib.sha256(MODEL_SRC.encode()).hexdigest()
+    assert list(mm["functions"]) == ["385-425"]
+    # The same key is found from the key's own directory.
+    assert [k["key"] for k in cachekey.find_keys(tmp_path / "torch_compile_cache/torch_aot_compile" / AOT_A)] == [AOT_A]
+
+
+def test_reading_an_artifact_runs_none_of_its_code(tmp_path):
+    marker = tmp_path / "pwned"
+
+    class Evil:
+        def __reduce__(self):
+            return (subprocess.call, (["touch", str(marker)],))
+
+    d = tmp_path / "torch_compile_cache" / "torch_aot_compile" / AOT_A / "rank_0_0"
+    d.mkdir(parents=True)
+    (d / "model").write_bytes(pickle.dumps({"original_code": Evil()}))
+    (key,) = cachekey.find_keys(tmp_path)
+    assert not marker.exists()
+    assert key["artifacts"]["rank_0_0"]["forward"]["qualname"] is None
+    (d / "model").write_bytes(b"not a pickle")
+    with pytest.raises(UsageError, match="not a readable vLLM AOT artifact"):
+        cachekey.find_keys(tmp_path)
+
+
+def test_explain_names_the_forward_line_and_the_traced_file():
+    # The seeds' case: a default-off branch above forward moves it down 6 lines.
+    base = {"keys": []}
+    a_dir, b_dir = Path(__import__("tempfile").mkdtemp()), Path(__import__("tempfile").mkdtemp())
+    write_aot(a_dir, AOT_A, 385, MODEL_SRC)
+    write_aot(b_dir, AOT_B, 391, "import os\n" + MODEL_SRC)
+    changed, lines = cachekey.explain({**base, "keys": cachekey.find_keys(a_dir)},
+                                      {**base, "keys": cachekey.find_keys(b_dir)})
+    assert changed == ["code"]
+    text = "\n".join(lines)
+    assert f"aot key: {AOT_A} -> {AOT_B}  (CHANGED)" in text
+    assert "forward MiniMaxM2Model.forward line 385 -> MiniMaxM2Model.forward line 391" in text
+    assert "vllm.model_executor.models.minimax_m2: file text differs" in text
+    assert "vllm.model_executor.layers.linear" not in text
+
+
+def test_explain_piecewise_factors_env_and_compiler(tmp_path):
+    a = write_piecewise(tmp_path / "a", "0123456789", {"VLLM_X": "0", "VLLM_Y": "1"}, "h1")
+    b = write_piecewise(tmp_path / "b", "abcdef0123", {"VLLM_X": "1", "VLLM_Y": "1"}, "h2")
+    side_a, side_b = cachekey._load_side(str(a)), cachekey._load_side(str(b))
+    assert cachekey.primary(side_a["keys"], "piecewise") == "0123456789"
+    changed, lines = cachekey.explain(side_a, side_b)
+    assert changed == ["env", "compiler"]
+    assert "env: VLLM_X: '0' -> '1'" in lines and "compiler: compiler_hash h1 -> h2" in lines
+    same, lines = cachekey.explain(side_a, side_a)
+    assert same == [] and lines[-1] == "no factor differs"
+
+
+def test_explain_config_fields_from_records(tmp_path):
+    ra = {"keys": [{"kind": "aot", "key": AOT_A}], "config_fields": None, "config": {"max_model_len": 2048}}
+    rb = {"keys": [{"kind": "aot", "key": AOT_B}], "config": {"max_model_len": 4096}}
+    changed, lines = cachekey.explain(ra, rb)
+    assert changed == ["config"] and "config: max_model_len: 2048 -> 4096" in lines
+
+
+def test_keys_from_log_paths():
+    paths = [f"/c/torch_compile_cache/torch_aot_compile/{AOT_A}/rank_0_0/model",
+             "/c/torch_compile_cache/0123456789/rank_0_0/backbone"]
+    keys = cachekey.keys_from_paths(paths)
+    assert [(k["kind"], k["key"]) for k in keys] == [("aot", AOT_A), ("piecewise", "0123456789")]
+
+
+def test_pins_and_differs(tmp_path):
+    pins = tmp_path / "results" / "pins.json"
+    ident = cachekey.pin_id("box", "tiny|bf16")
+    assert cachekey.read_pins(pins) == {}
+    cachekey.write_pin(pins, ident, {"aot": AOT_A, "piecewise": None}, commit="c0")
+    assert cachekey.read_pins(pins)[ident]["aot"] == AOT_A
+    assert cachekey.differs({"aot": AOT_A, "piecewise": None}, cachekey.read_pins(pins)[ident]) == \
+        {"aot": 0, "piecewise": None}
+    assert cachekey.differs({"aot": AOT_B}, {"aot": AOT_A})["aot"] == 1
+    assert cachekey.differs({"aot": AOT_B}, None)["aot"] is None
+    pins.write_text('{"pins": {')  # a hand-edited, truncated file
+    with pytest.raises(UsageError, match="not JSON"):
+        cachekey.read_pins(pins)
+
+
+def test_explain_commits_from_saved_records(tmp_path):
+    for commit, key in (("1111aaaa", AOT_A), ("2222bbbb", AOT_B)):
+        d = tmp_path / "box" / commit
+        d.mkdir(parents=True)
+        (d / "cachekey.json").write_text(json.dumps({"records": [{"keys": [{"kind": "aot", "key": key}],
+                                                                  "config": "tiny"}]}))
+    out = subprocess.run([sys.executable, "-m", "b70bench", "cache-key", "explain", "1111", "2222",
+                          "--records", str(tmp_path)], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert f"aot key: {AOT_A} -> {AOT_B}  (CHANGED)" in out.stdout
+    bad = subprocess.run([sys.executable, "-m", "b70bench", "cache-key", "explain", "9999",
+                          "--records", str(tmp_path)], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert bad.returncode == 2 and "needs two" in bad.stderr
+
+
+def test_unavailable_without_vllm_names_the_install(monkeypatch):
+    import importlib.util
+
+    from b70bench import device
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
+    assert "pip install" in cachekey.unavailable_reason(device.Device("cpu"))
