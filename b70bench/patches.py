@@ -222,13 +222,13 @@ def _target(name: str, data: bytes, directory: Path) -> Target:
     raise UsageError(f"patch {name}: target kind {kind!r} is not dist or tree")
 
 
-def load(directory: str | os.PathLike | None = None) -> PatchSet:
+def load(directory: str | os.PathLike | None = None, allow_missing: bool = False) -> PatchSet:
     """The patch set in directory (its `series` file); a missing series is the empty set."""
     directory = Path(directory) if directory else DEFAULT_DIR
     series = directory / "series"
     ps = PatchSet(directory.resolve())
     if not series.exists():
-        if not directory.is_dir():
+        if not directory.is_dir() and not allow_missing:
             raise UsageError(f"patch directory {directory} does not exist: pass --dir DIR holding a 'series' file")
         return ps
     for line in series.read_text().splitlines():
@@ -719,6 +719,7 @@ def _reexec(args, argv: list[str]) -> int:
 def run(args) -> int:
     if args.python:
         argv = [args.action] + (["--dir", args.dir] if args.dir else [])
+        argv += ["--allow-missing"] if args.allow_missing else []
         argv += ["--full"] if getattr(args, "full", False) else []
         argv += ["--force"] if getattr(args, "force", False) else []
         argv += ["--commit", args.commit] if getattr(args, "commit", None) else []
@@ -732,7 +733,7 @@ def run(args) -> int:
             print(f"b70bench: restored {len(undone['files'])} files of patch set {undone['patch_set_hash']} "
                   f"in {env.prefix} (verified against RECORD)")
         return 0
-    ps = load(args.dir)
+    ps = load(args.dir, allow_missing=args.allow_missing)
     if args.action == "check":
         journal = read_journal(env)
         if journal is not None:
@@ -764,6 +765,8 @@ def register(sub) -> None:
                    help="look for distributions only in DIR (a pip --target install); state is kept there too")
     p.add_argument("--prefix", default=None, help=argparse.SUPPRESS)
     p.add_argument("--commit", default=None, help="project commit to record with the applied set (default $ASV_COMMIT)")
+    p.add_argument("--allow-missing", action="store_true",
+                   help="a missing --dir is the empty patch set (asv walking commits older than patches/)")
     p.add_argument("--full", action="store_true", help="status: verify every file of the targeted distributions")
     p.add_argument("--force", action="store_true", help="restore: put back installed bytes over files edited since")
     p.set_defaults(func=run)
