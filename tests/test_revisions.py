@@ -1,0 +1,158 @@
+"""`b70bench revisions`: per-commit apply / benchmark / restore on an existing environment (fake vLLM)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import fakedist  # noqa: E402
+
+from b70bench import patches, revisions  # noqa: E402
+from b70bench.errors import UsageError  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+REL = "fakevllm/models/minimax_m2.py"
+TARGET = "dist:fakevllm==0.32.0"
+
+
+def git(repo, *args):
+    env = dict(os.environ, GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@t", GIT_COMMITTER_NAME="t",
+               GIT_COMMITTER_EMAIL="t@t")
+    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True,
+                          env=env, timeout=60).stdout.strip()
+
+
+@pytest.fixture
+def setup(tmp_path):
+    wheel_dir = tmp_path / "wheel"
+    wheel_dir.mkdir()
+    site = fakedist.install(fakedist.build_wheel(wheel_dir), tmp_path / "site")
+    repo = tmp_path / "repo"
+    (repo / "patches").mkdir(parents=True)
+    git(repo, "init", "-q", "-b", "main")
+    (repo / "README").write_text("history without patches/ first\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "no patches yet")
+    model = fakedist.MODEL
+    step1 = model.replace("q + k", "k + q")
+    fakedist.write_patch(repo / "patches", "01-swap.patch", TARGET, model, step1, REL)
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "swap")
+    step2 = step1.replace("renormalize=True", "renormalize=False")
+    fakedist.write_patch(repo / "patches", "02-norm.patch", TARGET, step1, step2, REL)
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "norm")
+    fakedist.write_patch(repo / "patches", "03-stale.patch", TARGET, "absent\n", "present\n", REL)
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "stale")
+    walker = revisions.Walker(sys.executable, repo, str(site), tmp_path / "prefix")
+    return walker, repo, site
+
+
+def test_walk_applies_each_commits_set_and_restores(setup):
+    walker, repo, site = setup
+    commits = revisions.commits_in(repo, "HEAD~3..HEAD")
+    assert len(commits) == 3 and commits[-1] == git(repo, "rev-parse", "HEAD")
+    seen = []
+
+    def fake_asv(cmd, env):
+        # What the benchmarks would see while asv runs: the commit's patched file and the state file.
+        assert cmd[-len(["--bench", "X"]):] == ["--bench", "X"] and "--set-commit-hash" in cmd
+        seen.append((cmd[cmd.index("--set-commit-hash") + 1], fakedist.model_path(site).read_text(),
+                     patches.read_state(walker.env).get("patch_set_hash")))
+        return 0
+
+    rows = revisions.walk(walker, commits, ["--bench", "X"], run_benchmarks=fake_asv, out=lambda *a: None)
+    assert [r["applied"] for r in rows] == [True, True, False]
+    assert all(r["restored"] for r in rows)
+    assert "03-stale.patch does not apply" in rows[2]["error"]
+    assert [s[0] for s in seen] == commits[:2]
+    assert "k + q" in seen[0][1] and "renormalize=True" in seen[0][1]
+    assert "k + q" in seen[1][1] and "renormalize=False" in seen[1][1]
+    assert seen[0][2] == rows[0]["patch_set_hash"] != seen[1][2] == rows[1]["patch_set_hash"]
+    assert patches.verify_distribution(patches.find_distribution(walker.env, "fakevllm")) == []
+    assert fakedist.model_path(site).read_text() == fakedist.MODEL
+
+
+def test_commit_without_patches_dir_is_the_empty_set(setup):
+    walker, repo, site = setup
+    first = git(repo, "rev-list", "--max-parents=0", "HEAD")
+    rows = revisions.walk(walker, [first], [], run_benchmarks=lambda cmd, env: 0, out=lambda *a: None)
+    assert rows[0]["applied"] and rows[0]["patch_set_hash"] == patches.PatchSet(Path(".")).hash
+
+
+def test_ctrl_c_during_benchmarks_restores(setup):
+    walker, repo, site = setup
+    commits = revisions.commits_in(repo, "HEAD~3..HEAD~1")
+
+    def interrupted(cmd, env):
+        assert "k + q" in fakedist.model_path(site).read_text()
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        revisions.walk(walker, commits, [], run_benchmarks=interrupted, out=lambda *a: None)
+    assert fakedist.model_path(site).read_text() == fakedist.MODEL
+    assert patches.read_journal(walker.env) is None
+
+
+def test_walk_refuses_a_patched_environment_and_one_command_restores(setup, tmp_path):
+    walker, repo, site = setup
+    pdir = revisions.export_patches(repo, git(repo, "rev-parse", "HEAD~1"), tmp_path / "p")
+    assert walker.patches_cmd("apply", "--dir", str(pdir)).returncode == 0  # left behind by a killed walk
+    with pytest.raises(UsageError, match="revisions --restore"):
+        revisions.walk(walker, [git(repo, "rev-parse", "HEAD")], [], run_benchmarks=lambda c, e: 0)
+    done = subprocess.run([sys.executable, "-m", "b70bench", "revisions", "--restore", "--python", sys.executable,
+                           "--site-dir", walker.site_dir, "--prefix", str(walker.prefix)],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    assert fakedist.model_path(site).read_text() == fakedist.MODEL
+
+
+HARD_KILL_DRIVER = """
+import sys, time
+from pathlib import Path
+from b70bench import revisions
+w = revisions.Walker(sys.executable, Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3]))
+def stuck(cmd, env):
+    print("BENCHMARKING", flush=True)
+    time.sleep(600)
+revisions.walk(w, revisions.commits_in(Path(sys.argv[1]), "HEAD~1"), [], run_benchmarks=stuck)
+"""
+
+
+def test_hard_kill_mid_walk_leaves_it_restorable_and_lock_refuses_second_walk(setup):
+    walker, repo, site = setup
+    proc = subprocess.Popen([sys.executable, "-c", HARD_KILL_DRIVER, str(repo), walker.site_dir, str(walker.prefix)],
+                            stdout=subprocess.PIPE, text=True, cwd=ROOT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        line = ""
+        while "BENCHMARKING" not in line and time.monotonic() < deadline:
+            line = proc.stdout.readline()
+        assert "BENCHMARKING" in line
+        # A second walk on the same environment while the first runs: refused by the lock.
+        with pytest.raises(UsageError, match="is in use"):
+            revisions.walk(walker, [git(repo, "rev-parse", "HEAD")], [], run_benchmarks=lambda c, e: 0)
+        os.killpg(proc.pid, signal.SIGKILL)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+        proc.stdout.close()
+    assert "renormalize=False" in fakedist.model_path(site).read_text()  # killed while patched
+    assert walker.restore().returncode == 0
+    assert fakedist.model_path(site).read_text() == fakedist.MODEL
+    assert patches.verify_distribution(patches.find_distribution(walker.env, "fakevllm")) == []
+
+
+def test_range_without_commits_is_a_usage_error(setup):
+    walker, repo, site = setup
+    with pytest.raises(UsageError, match="holds no commits"):
+        revisions.commits_in(repo, "HEAD..HEAD")
