@@ -117,16 +117,24 @@ def cache_state(events: list[dict]) -> str | None:
 
 
 def failure_reason(text: str, limit: int = 400) -> str | None:
-    """vLLM's reason for a failed start, in one line: the root exception, not the wrappers above it."""
+    """vLLM's reason for a failed run, in one line.
+
+    The last exception line that is not a wrapper: the engine core logs the root cause before
+    the caller's "Engine core initialization failed. See root cause above". Validation errors
+    (pydantic) put the message on the next line; it is appended.
+    """
+    lines = [strip_prefix(raw).strip() for raw in text.splitlines()]
     found: list[str] = []
-    for raw in text.splitlines():
-        line = strip_prefix(raw).strip()
+    for i, line in enumerate(lines):
         m = _EXC.match(line)
-        if not m or m.group(1) in ("Traceback",):
+        if not m:
             continue
-        found.append(f"{m.group(1)}: {m.group(2)}".rstrip(": ") if m.group(2) else m.group(1))
+        msg = m.group(2)
+        if re.match(r"\d+ validation errors? for ", msg) and i + 1 < len(lines):
+            msg = f"{msg}: {lines[i + 1].split(' [type=')[0].strip()}"
+        found.append(f"{m.group(1)}: {msg}" if msg else m.group(1))
     if not found:
         return None
     roots = [f for f in found if not any(w in f for w in _WRAPPERS)]
-    reason = (roots or found)[0]
+    reason = (roots or found)[-1]
     return reason if len(reason) <= limit else reason[: limit - 3] + "..."

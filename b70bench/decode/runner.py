@@ -53,9 +53,9 @@ def group_members(pgid: int) -> list[int]:
     return found
 
 
-def kill_group(pgid: int, grace_s: float = TERM_GRACE_S) -> list[int]:
+def kill_group(pgid: int, grace_s: float | None = None) -> list[int]:
     """SIGTERM then SIGKILL every process in the group; returns the pids that still live after that."""
-    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+    for sig, wait_s in ((signal.SIGTERM, TERM_GRACE_S if grace_s is None else grace_s), (signal.SIGKILL, 5.0)):
         if not group_members(pgid):
             return []
         try:
