@@ -24,6 +24,7 @@ SUBCOMMAND_MODULES = (
     "b70bench.patches",
     "b70bench.cachekey",
     "b70bench.revisions",
+    "b70bench.kernel_vs_model",
 )
 
 
