@@ -1,7 +1,7 @@
-"""Markdown table from one allreduce evidence run (scripts/device/allreduce.sh's folder).
+"""Markdown tables from the allreduce evidence (scripts/device/allreduce.sh + allreduce_repeat.sh outputs).
 
-    python3 scripts/device/allreduce_report.py /tmp/allreduce-h200x2 > table.md
-Standard library only: it runs on the device machine and here.
+    python3 scripts/device/allreduce_report.py results/allreduce-h200x2 > table.md
+Standard library only: it runs on the device machine and here. Values: median over runs [min, max].
 """
 
 import glob
@@ -35,6 +35,18 @@ def nccl_tests(path):
     return rows
 
 
+def nccl_in_place(nt, size):
+    """(value, text): nccl-tests sweeps powers of two; a size between two is shown as their range."""
+    if size in nt:
+        return nt[size][2], f"{nt[size][2]:.1f}"
+    lo = max((s for s in nt if s < size), default=None)
+    hi = min((s for s in nt if s > size), default=None)
+    if lo is None or hi is None:
+        return None, "-"
+    a, b = nt[lo][2], nt[hi][2]
+    return (a + b) / 2, f"{min(a, b):.1f}-{max(a, b):.1f} ({label(lo)}..{label(hi)})"
+
+
 def load(pattern):
     out = []
     for f in sorted(glob.glob(pattern)):
@@ -43,10 +55,6 @@ def load(pattern):
         except (OSError, ValueError):
             pass
     return out
-
-
-def fmt(x, nd=1):
-    return "-" if x is None else f"{x:.{nd}f}"
 
 
 def spread(values, nd=1):
@@ -60,45 +68,44 @@ def spread(values, nd=1):
 def section(d, how):
     graph = how == "graph"
     nt = nccl_tests(os.path.join(d, "nccl-tests-graph.txt" if graph else "nccl-tests.txt"))
-    mini = {(r["size_bytes"], r["mode"]): r["time_us"] for rs in load(os.path.join(d, f"minimal-{how}.json"))
-            for r in rs}
+    minis = load(os.path.join(d, f"minimal-{how}-*.json"))
     runs = [{(r["size_bytes"], r["path"], r["mode"]): r for r in doc["records"] if "time_us" in r}
-            for doc in load(os.path.join(d, f"suite-{how}-*.json"))]
-    print(f"\n### {'CUDA graph' if graph else 'Eager'} ({len(runs)} suite runs; "
-          f"nccl-tests {'-G 100' if graph else 'host-timed'}, -n 100)\n")
-    print("| size | mode | nccl-tests in-place us | minimal loop us | suite c10d us, median [min, max] | "
-          "suite / minimal | suite / nccl-tests | raw (CuPy NCCL) us | tax over in-place us [min, max] | "
-          "latency us | wrong |")
+            for doc in load(os.path.join(d, f"suite-{how}-[0-9].json"))]
+    print(f"\n### {'CUDA graph replay' if graph else 'Eager'}: {len(runs)} suite runs, {len(minis)} minimal-loop runs; "
+          f"nccl-tests {'`-n 20 -G 100`' if graph else '`-n 100` (host-timed)'}\n")
+    print("| size | mode | nccl-tests in-place | minimal loop | suite c10d | suite / minimal (medians) | "
+          "c10d over nccl-tests | raw (CuPy NCCL, current stream) | tax over in-place | latency (1 op) | wrong |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
+
+    def col(size, path, mode, key):
+        return [run[(size, path, mode)][key] for run in runs if (size, path, mode) in run]
+
     for size in SIZES:
+        ref, ref_text = nccl_in_place(nt, size)
         for mode in MODES:
-            times = [run[(size, "c10d", mode)]["time_us"] for run in runs if (size, "c10d", mode) in run]
+            times = col(size, "c10d", mode, "time_us")
             if not times:
                 continue
             med = statistics.median(times)
-            taxes = [run[(size, "c10d", mode)].get("tax_us") for run in runs if (size, "c10d", mode) in run]
-            lat = [run[(size, "c10d", mode)]["latency_us"] for run in runs if (size, "c10d", mode) in run]
-            raw = [run[(size, "raw", mode)]["time_us"] for run in runs if (size, "raw", mode) in run]
-            wrong = sum(run[(size, "c10d", mode)]["wrong"] or 0 for run in runs if (size, "c10d", mode) in run)
-            wrong += sum(run[(size, "raw", mode)]["wrong"] or 0 for run in runs if (size, "raw", mode) in run)
-            ref = nt.get(size, (None, None, None, None))[2]
-            m = mini.get((size, mode))
-            print(f"| {label(size)} | {mode} | {fmt(ref)} | {fmt(m)} | {spread(times)} | "
-                  f"{fmt(med / m, 3) if m else '-'} | {fmt(med / ref, 2) + 'x' if ref else '-'} | {spread(raw)} | "
-                  f"{spread(taxes) if mode != 'in-place' else '0'} | {spread(lat)} | {wrong} |")
+            mini = [r["time_us"] for rows in minis for r in rows if (r["size_bytes"], r["mode"]) == (size, mode)]
+            ratio = f"{med / statistics.median(mini):.3f}" if mini else "-"
+            gap = f"{med / ref:.2f}x (+{med - ref:.1f})" if ref else "-"
+            wrong = sum(w or 0 for path in ("c10d", "raw") for w in col(size, path, mode, "wrong"))
+            tax = "0" if mode == "in-place" else spread(col(size, "c10d", mode, "tax_us"))
+            raw, lat = spread(col(size, "raw", mode, "time_us")), spread(col(size, "c10d", mode, "latency_us"))
+            print(f"| {label(size)} | {mode} | {ref_text} | {spread(mini)} | {spread(times)} | {ratio} | {gap} | "
+                  f"{raw} | {tax} | {lat} | {wrong} |")
     big = 256 << 20
-    if big in nt:
-        bus = [run[(big, "c10d", "in-place")]["busbw_gbps"] for run in runs if (big, "c10d", "in-place") in run]
-        rawbus = [run[(big, "raw", "in-place")]["busbw_gbps"] for run in runs if (big, "raw", "in-place") in run]
-        if bus:
-            b = statistics.median(bus)
-            print(f"\nbusbw at 256 MiB, in-place: suite c10d {spread(bus)} GB/s, raw {spread(rawbus)} GB/s; "
-                  f"nccl-tests {nt[big][3]:.1f} GB/s in-place, {nt[big][1]:.1f} GB/s out-of-place; "
-                  f"suite / nccl-tests in-place = {b / nt[big][3]:.3f}")
+    bus = col(big, "c10d", "in-place", "busbw_gbps")
+    if big in nt and bus:
+        print(f"\nbusbw at 256 MiB, in-place: suite c10d {spread(bus)} GB/s, raw "
+              f"{spread(col(big, 'raw', 'in-place', 'busbw_gbps'))} GB/s; nccl-tests {nt[big][3]:.1f} GB/s in-place "
+              f"({nt[big][1]:.1f} out-of-place): suite / nccl-tests = {statistics.median(bus) / nt[big][3]:.3f}")
 
 
 def main():
     d = sys.argv[1] if len(sys.argv) > 1 else "."
+    print("All times in us per allreduce, fp16, 2 ranks; values are median [min, max] over runs.")
     for how in ("eager", "graph"):
         section(d, how)
 
