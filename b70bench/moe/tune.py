@@ -1,0 +1,68 @@
+"""A small sweep of Triton tilings per shape, each checked and timed like a suite row."""
+
+from __future__ import annotations
+
+import itertools
+import time
+
+from b70bench import copy, records
+from b70bench.errors import Unavailable
+from b70bench.fingerprint import fingerprint
+from b70bench.moe import suite
+from b70bench.moe import variants as varmod
+from b70bench.moe.shapes import random_batch, random_weights, roofline_bytes
+
+COLUMNS = ["tp", "tokens", "config", "programs", "time_us", "time_us_iqr", "gbps", "frac_copy", "rel_err", "ok"]
+
+
+def configs(k: int, group: int, auto_bm: int) -> list:
+    from b70bench.moe.kernels import Config, fit_block_k
+
+    out = []
+    for bm, bn, split, fused in itertools.product(sorted({auto_bm, 16}), (16, 32, 64, 128), (1, 2, 4),
+                                                  (False, True)):
+        bk = fit_block_k(k, split, group, bm, bn)
+        if bk:
+            out.append(Config(block_m=bm, block_n=bn, block_k=bk, split_k=split, fused_reduce=fused))
+    return out
+
+
+def sweep(dev, shape, tps, tokens, dtype, graph: bool = True, repeat: int = 10, seed: int = 0,
+          seconds: float = 1e9) -> list[dict]:
+    """Every tiling in configs() per (tp, tokens), until `seconds` have passed (compiles dominate)."""
+    from b70bench.moe import kernels
+
+    deadline = time.monotonic() + seconds
+    reason = varmod.triton_reason(dev)
+    if reason:
+        raise Unavailable(reason)
+    anchor = copy.anchor_gbps(dev)
+    fp = fingerprint(dev)
+    cache = suite.cache_bytes(dev)
+    ref = varmod.Reference()
+    rows = []
+    for tp in tps:
+        k = shape.k(tp)
+        for ntok in tokens:
+            probe = random_batch(shape, k, ntok, dtype, dev.torch_device, seed + ntok)
+            nbytes = roofline_bytes(shape, k, probe, dtype)
+            sets, copies = suite.rotation(nbytes, probe.experts_hit, shape.experts, k * shape.hidden // 2, cache,
+                                          4 << 30)
+            wsets = [random_weights(shape, k, dtype, dev.torch_device, seed + c + 1) for c in range(copies)]
+            batches = [probe] + [random_batch(shape, k, ntok, dtype, dev.torch_device, seed + ntok + 7 * i)
+                                 for i in range(1, sets)]
+            mean_bytes = sum(roofline_bytes(shape, k, b, dtype) for b in batches) / len(batches)
+            for cfg in configs(k, shape.group, kernels.auto_block_m(probe.ids_cpu)):
+                if time.monotonic() > deadline:
+                    break
+                v = varmod.TritonVariant("triton-tune", config=cfg)
+                blocks = kernels.group_pairs(probe.ids_cpu, cfg.block_m)[1].numel()
+                row = dict(tp=tp, tokens=ntok, config=cfg.label(), experts_hit=probe.experts_hit,
+                           programs=blocks * -(-shape.hidden // cfg.block_n) * cfg.split_k, graph=graph)
+                row.update(suite.check(v, ref, shape, wsets[0], k, ntok, dtype, dev, seed + 31 * ntok))
+                row.update(suite._time(dev, v, wsets, batches, graph, repeat, 3, mean_bytes, anchor))
+                rows.append(records.record("moe-down-tune", fingerprint=fp, **row))
+            del wsets, batches
+            dev.empty_cache()
+    rows.sort(key=lambda r: (r["tp"], r["tokens"], r["time_us"]))
+    return rows
