@@ -7,7 +7,7 @@ Stable API (other suites and benchmarks/bench_decode.py call it; keep it compati
 
 measure(shapes=None, *, model=None, batch=1, tp=1, dtype=None, max_model_len=2048, memory_fraction=None,
         env=None, env_file=None, engine_args=None, runs=3, cold=True, iterations=5, warmup=1,
-        stream_iterations=1, gate_check=True, hooks=(), out_dir=None, cache_root=None, timeout_s=1200,
+        stream_iterations=1, temperature=0.0, gate_check=True, hooks=(), out_dir=None, cache_root=None, timeout_s=1200,
         gate_file=None, device=None, python=None, on_record=None) -> list[dict]
 
 - shapes: "p512n512" strings (prompt, output length; "b4" suffix sets batch) or (prompt, output, batch)
@@ -21,6 +21,8 @@ measure(shapes=None, *, model=None, batch=1, tp=1, dtype=None, max_model_len=204
   one run on an empty compile cache (cold=True in its record), then `runs` warm runs on the cache
   it filled. cold=False: `runs` runs on the persistent cache_root (default ~/.cache/b70bench/vllm-cache);
   a run that still found it empty says cold=True.
+- temperature: sampling of the timed iterations (the gate is always greedy); 1.0 is what
+  vllm.benchmarks.latency samples with.
 - python: interpreter for the child (default: this one). on_record: called with each record as it lands.
 
 Record fields (units in keys): shape (p512n512b1), prompt_len, output_len, batch, tp, model, dtype,

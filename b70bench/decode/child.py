@@ -63,7 +63,7 @@ def peak_memory() -> tuple[int | None, str]:
     return (total or None), "host RSS high-water mark, summed over the engine's processes"
 
 
-def stream_once(llm, prompts: list[list[int]], output_len: int, tag: str) -> dict:
+def stream_once(llm, prompts: list[list[int]], output_len: int, tag: str, temperature: float = 0.0) -> dict:
     """One batch through the engine step by step; a timestamp for every token as it arrives."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
@@ -73,7 +73,7 @@ def stream_once(llm, prompts: list[list[int]], output_len: int, tag: str) -> dic
     t0 = time.perf_counter()
     arrivals: dict[str, list[float]] = {}
     for i, p in enumerate(prompts):
-        sp = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True, detokenize=False,
+        sp = SamplingParams(temperature=temperature, max_tokens=output_len, ignore_eos=True, detokenize=False,
                             output_kind=RequestOutputKind.DELTA)
         rid = f"{tag}-{i}"
         arrivals[rid] = []
@@ -119,7 +119,9 @@ def run(spec: dict) -> dict:
 
     prompts = bench_prompts(spec["prompt_len"], spec["batch"], vocab)
     tprompts = [TokensPrompt(prompt_token_ids=p) for p in prompts]
-    sp = SamplingParams(temperature=0.0, max_tokens=spec["output_len"], ignore_eos=True, detokenize=False)
+    # Greedy by default; temperature 1.0 reproduces vllm.benchmarks.latency's sampling cost exactly.
+    temperature = float(spec.get("temperature", 0.0))
+    sp = SamplingParams(temperature=temperature, max_tokens=spec["output_len"], ignore_eos=True, detokenize=False)
     for _ in range(spec.get("warmup", 1)):
         llm.generate(tprompts, sp, use_tqdm=False)
     latencies = []
@@ -131,7 +133,7 @@ def run(spec: dict) -> dict:
         generated = sum(len(o.outputs[0].token_ids) for o in outs)
     result["latencies_s"] = latencies
     result["generated_tokens"] = generated
-    streams = [stream_once(llm, prompts, spec["output_len"], f"stream{i}")
+    streams = [stream_once(llm, prompts, spec["output_len"], f"stream{i}", temperature)
                for i in range(spec.get("stream_iterations", 1))]
     result["stream_total_s"] = [s["total_s"] for s in streams]
     result["ttft_s"] = [s["ttft_s"] for s in streams]

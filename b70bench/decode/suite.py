@@ -157,6 +157,7 @@ def measure(shapes=None, *, model: str | None = None, batch: int = 1, tp: int = 
             max_model_len: int = DEFAULT_MAX_MODEL_LEN, memory_fraction: float | None = None,
             env: dict | None = None, env_file: str | None = None, engine_args: dict | None = None,
             runs: int = 3, cold: bool = True, iterations: int = 5, warmup: int = 1, stream_iterations: int = 1,
+            temperature: float = 0.0,
             gate_check: bool = True, hooks=(), out_dir: str | os.PathLike | None = None,
             cache_root: str | os.PathLike | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
             gate_file: str | os.PathLike | None = None, device: devmod.Device | None = None,
@@ -203,7 +204,7 @@ def measure(shapes=None, *, model: str | None = None, batch: int = 1, tp: int = 
         spec = {"model": model_path, "dtype": dtype, "max_model_len": mml, "tp": tp, "memory_fraction": memory_fraction,
                 "engine_args": engine_args or {}, "prompt_len": prompt_len, "output_len": output_len, "batch": b,
                 "iterations": iterations, "warmup": warmup, "stream_iterations": stream_iterations,
-                "gate": gate_check}
+                "temperature": temperature, "gate": gate_check}
         if user_cache:
             root, scratch = Path(user_cache), None
         elif cold:

