@@ -285,3 +285,21 @@ def test_cli_parses(monkeypatch):
         {"shape": "s", "cold": False, "s_per_output_token": 1.0}, {"shape": "s", "cold": False,
                                                                   "s_per_output_token": 1.01},
         {"shape": "s", "cold": True, "s_per_output_token": 9.0}])[0]["spread_pct"] == pytest.approx(1.0)
+
+
+def test_asv_adapter_figures():
+    import math
+
+    from benchmarks import bench_decode
+
+    rec = {"samples_s_per_output_token": [0.004, 0.001, 0.003, 0.002, 0.009], "prompt_len": 3, "output_len": 1,
+           "output_tok_per_s": 1000.0, "kv_cache_tokens": 7, "gate": 0}
+    b, cache = bench_decode.Decode(), {"p3n1b1": rec}
+    assert b.track_s_per_output_token(cache, "p3n1b1") == {"samples": [0.001, 0.002, 0.003], "number": 1}
+    assert b.track_s_per_total_token(cache, "p3n1b1")["samples"] == pytest.approx([0.00025, 0.0005, 0.00075])
+    assert b.track_output_tok_per_s(cache, "p3n1b1") == 1000.0 and b.track_kv_cache_tokens(cache, "p3n1b1") == 7
+    assert b.track_gate(cache, "p3n1b1") == 0
+    withheld = {**rec, "samples_s_per_output_token": [], "output_tok_per_s": None, "gate": 1}
+    assert math.isnan(b.track_s_per_output_token({"s": withheld}, "s")) and b.track_gate({"s": withheld}, "s") == 1
+    with pytest.raises(NotImplementedError):
+        b.setup(cache, "p1n1b1")
