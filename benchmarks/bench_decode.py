@@ -53,7 +53,7 @@ class Decode:
         dev = select_device()
         skip_if(decode.unavailable_reason(dev))
         recs = decode.measure(self.params[0], model=os.environ.get("B70BENCH_DECODE_MODEL") or None, runs=1,
-                              cold=False, iterations=5, device=dev)
+                              cold=False, iterations=10, device=dev)
         return {r["shape"]: r for r in recs}
 
     setup_cache.timeout = 3600

@@ -6,7 +6,7 @@ Stable API (other suites and benchmarks/bench_decode.py call it; keep it compati
     recs = measure(shapes=["p512n512"], runs=3, cold=True)      # list of flat dicts, one per run
 
 measure(shapes=None, *, model=None, batch=1, tp=1, dtype=None, max_model_len=2048, memory_fraction=None,
-        env=None, env_file=None, engine_args=None, runs=3, cold=True, iterations=5, warmup=1,
+        env=None, env_file=None, engine_args=None, runs=3, cold=True, iterations=10, warmup=1,
         stream_iterations=1, temperature=0.0, gate_check=True, hooks=(), out_dir=None, cache_root=None, timeout_s=1200,
         gate_file=None, device=None, python=None, on_record=None) -> list[dict]
 
@@ -33,7 +33,7 @@ samples_s_per_output_token, latency_s, ttft_s, itl_s_p50/p90/p99 (from streamed 
 token timestamped as LLM's engine returns it), kv_cache_tokens, peak_memory_bytes, cache_dir,
 cache_keys (hex keys from vLLM's compile-cache paths: the 64-hex AOT key, the 10-hex directory key),
 cache_state (loaded / compiled / compiled-again: <reason>), token_sha256, gate (0 pass, 1 fail,
-None unpinned), gate_message, log_path, fingerprint. When gate == 1 every speed figure is None.
+None unpinned), gate_message, log_path, load_1min_before/after, fingerprint. When gate == 1 every speed figure is None.
 """
 
 from __future__ import annotations

@@ -103,7 +103,7 @@ def register(sub) -> None:
     p.add_argument("--engine-arg", action="append", metavar="KEY=VALUE", help="extra LLM(...) argument (JSON value)")
     p.add_argument("--runs", type=int, default=3, help="warm runs per shape (default 3)")
     p.add_argument("--no-cold", action="store_true", help="skip the cold run; use the persistent compile cache")
-    p.add_argument("--iterations", type=int, default=5, help="timed generate calls per run (fastest reported)")
+    p.add_argument("--iterations", type=int, default=10, help="timed generate calls per run (fastest reported)")
     p.add_argument("--hook", action="append", metavar="NAME",
                    help=f"in-process patch for the run ({', '.join(hooksmod.KNOWN)} or module:function)")
     p.add_argument("--timeout", type=float, default=suite.DEFAULT_TIMEOUT_S, help="seconds per run before it is killed")

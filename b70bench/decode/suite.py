@@ -125,6 +125,7 @@ def _run_one(*, spec: dict, shape: str, run: int, cache_root: Path, out_dir: Pat
     header = [f"b70bench decode {label}: {json.dumps(spec)}"]
     header += [f"{logs._ENV_HEADER}{k}={v}" for k, v in sorted(env.items())
                if k.startswith(("VLLM_", "B70BENCH_")) or k in common["env_keys"]]
+    load_before = os.getloadavg()[0]
     child = runner.run_child(spec, out_dir / f"{label}.log", env=env, timeout_s=timeout_s, header=header,
                              python=common.get("python"))
     parsed = logs.parse(child.log_path.read_text(errors="replace"))
@@ -140,7 +141,9 @@ def _run_one(*, spec: dict, shape: str, run: int, cache_root: Path, out_dir: Pat
            "cache_state": parsed["cache_state"], "compile_s": parsed["compile_s"], "backends": parsed["backends"],
            "token_sha256": res.get("token_sha256"), "gate": None, "gate_message": None,
            "hooks": list(common["hooks"]), "note": note, "log_path": str(child.log_path),
-           "wall_s": child.wall_s, "survivors": child.survivors}
+           "wall_s": child.wall_s, "survivors": child.survivors,
+           # Other work on the machine only adds time: the 1-minute load says how quiet it was.
+           "load_1min_before": load_before, "load_1min_after": os.getloadavg()[0]}
     if child.ok:
         rec.update(_figures(res, spec["prompt_len"], spec["output_len"], spec["batch"]))
         if spec.get("gate", True):
@@ -156,7 +159,7 @@ def _run_one(*, spec: dict, shape: str, run: int, cache_root: Path, out_dir: Pat
 def measure(shapes=None, *, model: str | None = None, batch: int = 1, tp: int = 1, dtype: str | None = None,
             max_model_len: int = DEFAULT_MAX_MODEL_LEN, memory_fraction: float | None = None,
             env: dict | None = None, env_file: str | None = None, engine_args: dict | None = None,
-            runs: int = 3, cold: bool = True, iterations: int = 5, warmup: int = 1, stream_iterations: int = 1,
+            runs: int = 3, cold: bool = True, iterations: int = 10, warmup: int = 1, stream_iterations: int = 1,
             temperature: float = 0.0,
             gate_check: bool = True, hooks=(), out_dir: str | os.PathLike | None = None,
             cache_root: str | os.PathLike | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
