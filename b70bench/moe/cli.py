@@ -26,7 +26,8 @@ def run(args) -> int:
         print(records.format_table(rows, tune.COLUMNS))
     else:
         rows = suite.measure(dev, args.variants, tokens=tokens, tps=tps, dtype=dtype, graph=args.graph,
-                             shape=shape, repeat=repeat, seed=args.seed)
+                             shape=shape, repeat=repeat, seed=args.seed,
+                             tuned=tune.load_tuned(args.tuned) if args.tuned else None)
         anchor = rows[0]["copy_gbps"] if rows else None
         print(f"moe-down on {dev.name} ({dev.backend}), {args.dtype}, {'graph replay' if args.graph else 'eager'}, "
               f"copy anchor {anchor:.0f} GB/s" if anchor else "")
@@ -57,6 +58,8 @@ def register(sub) -> None:
     p.add_argument("--repeat", type=int, default=None, help="timed samples per row (default 20; CPU 5)")
     p.add_argument("--seed", type=int, default=0, help="seed of weights, activations and routing")
     p.add_argument("--tune", action="store_true", help="sweep Triton tilings instead (fastest first per shape)")
+    p.add_argument("--tuned", metavar="FILE", help="triton-htile takes the fastest correct tiling per shape "
+                                                   "from this sweep JSON (default: its heuristic)")
     p.add_argument("--tune-seconds", type=float, default=1e9, help="stop starting new tilings after this long")
     cli.add_json_arg(p)
     p.set_defaults(func=run)

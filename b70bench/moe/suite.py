@@ -97,7 +97,7 @@ def rotation(per_call_bytes: int, hit: int, experts: int, expert_bytes: int, cac
 def measure(dev: Device, variant_names: list[str] | None = None, tokens=TOKENS, tps=TPS,
             dtype: torch.dtype = torch.bfloat16, graph: bool = False, shape: MoeShape | None = None,
             repeat: int = 20, warmup: int = 3, seed: int = 0, memory_budget: int | None = None,
-            anchor_gbps: float | None = None) -> list[dict]:
+            anchor_gbps: float | None = None, tuned: dict | None = None) -> list[dict]:
     """One record per (variant, tokens, tp): time, bandwidth, fraction of copy, diffs, skip reason."""
     shape = shape or MoeShape()
     shape.validate()
@@ -109,6 +109,9 @@ def measure(dev: Device, variant_names: list[str] | None = None, tokens=TOKENS, 
     if graph and not dev.has_graphs:
         raise UsageError(f"backend {dev.backend!r} cannot capture graphs: drop --graph")
     chosen = varmod.select(variant_names)
+    for v in chosen:
+        if tuned and getattr(v, "htile", False):
+            v.tuned = tuned
     reference = varmod.Reference()
     anchor = anchor_gbps if anchor_gbps is not None else copy.anchor_gbps(dev)
     fp = fingerprint(dev)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import itertools
+import json
 import time
+from dataclasses import asdict
 
 from b70bench import copy, records
 from b70bench.errors import Unavailable
@@ -19,8 +21,8 @@ def configs(k: int, group: int, auto_bm: int) -> list:
     from b70bench.moe.kernels import Config, fit_block_k
 
     out = []
-    for bm, bn, split, fused in itertools.product(sorted({auto_bm, 16}), (16, 32, 64, 128), (1, 2, 4),
-                                                  (False, True)):
+    for bm, fused, bn, split in itertools.product(sorted({auto_bm, 16}), (True, False), (32, 64, 128),
+                                                  (1, 2, 4, 8)):
         bk = fit_block_k(k, split, group, bm, bn)
         if bk:
             out.append(Config(block_m=bm, block_n=bn, block_k=bk, split_k=split, fused_reduce=fused))
@@ -32,7 +34,7 @@ def sweep(dev, shape, tps, tokens, dtype, graph: bool = True, repeat: int = 10, 
     """Every tiling in configs() per (tp, tokens), until `seconds` have passed (compiles dominate)."""
     from b70bench.moe import kernels
 
-    deadline = time.monotonic() + seconds
+    per_shape = seconds / max(1, len(tps) * len(tokens))
     reason = varmod.triton_reason(dev)
     if reason:
         raise Unavailable(reason)
@@ -52,12 +54,14 @@ def sweep(dev, shape, tps, tokens, dtype, graph: bool = True, repeat: int = 10, 
             batches = [probe] + [random_batch(shape, k, ntok, dtype, dev.torch_device, seed + ntok + 7 * i)
                                  for i in range(1, sets)]
             mean_bytes = sum(roofline_bytes(shape, k, b, dtype) for b in batches) / len(batches)
+            deadline = time.monotonic() + per_shape
             for cfg in configs(k, shape.group, kernels.auto_block_m(probe.ids_cpu)):
                 if time.monotonic() > deadline:
                     break
                 v = varmod.TritonVariant("triton-tune", config=cfg)
                 blocks = kernels.group_pairs(probe.ids_cpu, cfg.block_m)[1].numel()
-                row = dict(tp=tp, tokens=ntok, config=cfg.label(), experts_hit=probe.experts_hit,
+                row = dict(tp=tp, tokens=ntok, k=k, n=shape.hidden, config=cfg.label(), tiling=asdict(cfg),
+                           experts_hit=probe.experts_hit,
                            programs=blocks * -(-shape.hidden // cfg.block_n) * cfg.split_k, graph=graph)
                 row.update(suite.check(v, ref, shape, wsets[0], k, ntok, dtype, dev, seed + 31 * ntok))
                 row.update(suite._time(dev, v, wsets, batches, graph, repeat, 3, mean_bytes, anchor))
@@ -66,3 +70,23 @@ def sweep(dev, shape, tps, tokens, dtype, graph: bool = True, repeat: int = 10, 
             dev.empty_cache()
     rows.sort(key=lambda r: (r["tp"], r["tokens"], r["time_us"]))
     return rows
+
+
+def load_tuned(path) -> dict:
+    """(K, N, tokens) -> the fastest correct Config of a sweep's JSON (`--tune --json FILE`)."""
+    from b70bench.errors import UsageError
+    from b70bench.moe.kernels import Config
+
+    try:
+        with open(path) as f:
+            rows = json.load(f)["records"]
+    except (OSError, ValueError, KeyError) as err:
+        raise UsageError(f"cannot read tuned tilings from {path}: {err}; write them with --tune --json FILE") from None
+    best = {}
+    for r in rows:
+        if not r.get("ok") or r.get("time_us") is None:
+            continue
+        key = (r["k"], r["n"], r["tokens"])
+        if key not in best or r["time_us"] < best[key]["time_us"]:
+            best[key] = r
+    return {key: Config(**r["tiling"]) for key, r in best.items()}

@@ -159,13 +159,15 @@ class TritonVariant:
     `triton`: one program per (expert block, N-tile of 64), whole K, a second kernel sums
     the top-k partials. `triton-htile`: finer N-tiles, split-K until the grid fills the
     device several times over, and the top-k/split sum done in-kernel by the last arrival.
-    `config` pins one tiling (the tuning sweep uses it).
+    `config` pins one tiling (the tuning sweep uses it); `tuned` maps (K, N, tokens) to the
+    sweep's fastest correct tiling (`b70bench moe-down --tuned tune.json`).
     """
 
     name: str
     htile: bool = False
     config: object = None
     overrides: dict = field(default_factory=dict)
+    tuned: dict = field(default_factory=dict)  # (K, N, tokens) -> kernels.Config, from a sweep
 
     def unavailable_reason(self, device, dtype) -> str | None:
         return triton_reason(device)
@@ -180,16 +182,22 @@ class TritonVariant:
             bn = 64
             cfg = kernels.Config(block_m=bm, block_n=bn, block_k=kernels.fit_block_k(k, 1, group, bm, bn) or 16)
             return replace(cfg, **self.overrides)
+        key = (k, n, batch.tokens)
+        if key in self.tuned:
+            return self.tuned[key]
         bn = 32
         n_blocks = sum(-(-c // bm) for c in torch.bincount(batch.ids_cpu.flatten()).tolist() if c)
         target = 4 * _sm_count(batch.x.device)
-        split, bk = 1, kernels.fit_block_k(k, 1, group, bm, bn) or 16
-        for s in (2, 3, 4, 6, 8):
-            if n_blocks * -(-n // bn) * split >= target:
+        best = None
+        for split in (1, 2, 3, 4, 6, 8):
+            bk = kernels.fit_block_k(k, split, group, bm, bn)
+            if bk is None:
+                continue
+            best = (split, bk)
+            # Enough programs to fill the device, each short enough to unroll without spilling.
+            if n_blocks * -(-n // bn) * split >= target and (bm >= kernels.DOT_MIN_M or k // split // bk <= 4):
                 break
-            fit = kernels.fit_block_k(k, s, group, bm, bn)
-            if fit:
-                split, bk = s, fit
+        split, bk = best or (1, 16)
         cfg = kernels.Config(block_m=bm, block_n=bn, block_k=bk, split_k=split, fused_reduce=True)
         return replace(cfg, **self.overrides)
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The moe-down measurements on one GPU of the device machine, in one call:
 #   bash scripts/device/moe_down.sh [all|table|tune]
-# all: the tiling sweep (graph replay, TP1/TP4 x tokens 1/16), then every variant's table for
+# all: the tiling sweep (graph replay, TP1/TP4 x tokens 1/4/16; triton-htile then takes its winners), then every variant's table for
 # TP1 and TP4 x tokens 1,4,16,64,512, eager and graph-replayed. Logs and JSON go to $OUT.
 set -u -o pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
@@ -17,12 +17,13 @@ bench() { local limit=$1; shift; PYTHONPATH=. timeout "$limit" python3 -m b70ben
 } > "$OUT/env.txt" 2>&1
 
 if [[ $MODE == all || $MODE == tune ]]; then
-  bench $((TUNE_SECONDS + 120)) --tune --graph --tp 1 4 --tokens 1 16 --repeat 10 --tune-seconds "$TUNE_SECONDS" \
+  bench $((TUNE_SECONDS + 120)) --tune --graph --tp 1 4 --tokens 1 4 16 --repeat 10 --tune-seconds "$TUNE_SECONDS" \
     --json "$OUT/tune.json" > "$OUT/tune.log" 2>&1; echo "tune rc=$?"
 fi
 if [[ $MODE == all || $MODE == table ]]; then
-  bench 240 --json "$OUT/eager.json" > "$OUT/eager.log" 2>&1; echo "eager rc=$?"
-  bench 240 --graph --json "$OUT/graph.json" > "$OUT/graph.log" 2>&1; echo "graph rc=$?"
+  TUNED=(); [[ -s $OUT/tune.json ]] && TUNED=(--tuned "$OUT/tune.json")
+  bench 240 "${TUNED[@]}" --json "$OUT/eager.json" > "$OUT/eager.log" 2>&1; echo "eager rc=$?"
+  bench 240 "${TUNED[@]}" --graph --json "$OUT/graph.json" > "$OUT/graph.log" 2>&1; echo "graph rc=$?"
 fi
 
 cat "$OUT/env.txt"
