@@ -26,8 +26,7 @@ PACK_C = tl.constexpr(PACK)
 def _moe_down(x_ptr, qw_ptr, sc_ptr, pair_ptr, blk_expert_ptr, rw_ptr, part_ptr, out_ptr, cnt_ptr,
               P, N, K, n_tiles,
               TOPK: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-              BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, K_ITERS: tl.constexpr, UNROLL: tl.constexpr,
-              USE_DOT: tl.constexpr,
+              BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, USE_DOT: tl.constexpr,
               FUSED_REDUCE: tl.constexpr):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -38,45 +37,29 @@ def _moe_down(x_ptr, qw_ptr, sc_ptr, pair_ptr, blk_expert_ptr, rw_ptr, part_ptr,
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < N
     shifts = tl.arange(0, PACK_C) * 4
-    k_lo = pid_k * (K_ITERS * BLOCK_K)
+    k_per = K // SPLIT_K
+    k_lo = pid_k * k_per
     qw_base = qw_ptr + expert * (K // PACK_C) * N
     sc_base = sc_ptr + expert * (K // GROUP) * N
-    if USE_DOT:
-        x_rows = x_ptr + pairs.to(tl.int64)[:, None] * K
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for it in range(K_ITERS):  # a runtime loop: Triton software-pipelines loads feeding dots
-            k0 = k_lo + it * BLOCK_K
-            x = tl.load(x_rows + (k0 + tl.arange(0, BLOCK_K))[None, :], mask=m_ok[:, None], other=0.0)
-            rows = k0 // PACK_C + tl.arange(0, BLOCK_K // PACK_C)
-            q = tl.load(qw_base + rows[:, None] * N + offs_n[None, :], mask=n_ok[None, :], other=0)
-            nib = (q[:, None, :] >> shifts[None, :, None]) & 0xF  # [BLOCK_K/8, 8, BLOCK_N], k = 8 row + i
-            # Small integers, exact in fp16/bf16; through fp32 because Triton's interpreter
-            # bit-casts int32 -> bf16 instead of converting (the GPU needs the fp32 step anyway).
-            w = tl.reshape(nib - 8, (BLOCK_K, BLOCK_N)).to(tl.float32).to(x.dtype)
-            # BLOCK_K divides GROUP: one scale row per block, applied after the product.
-            s = tl.load(sc_base + (k0 // GROUP) * N + offs_n, mask=n_ok, other=0.0).to(tl.float32)
+    x_rows = x_ptr + pairs.to(tl.int64)[:, None] * K
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for kk in range(0, k_per, BLOCK_K):
+        k0 = k_lo + kk
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        x = tl.load(x_rows + offs_k[None, :], mask=m_ok[:, None], other=0.0)
+        rows = k0 // PACK_C + tl.arange(0, BLOCK_K // PACK_C)
+        q = tl.load(qw_base + rows[:, None] * N + offs_n[None, :], mask=n_ok[None, :], other=0)
+        nib = (q[:, None, :] >> shifts[None, :, None]) & 0xF  # [BLOCK_K/8, 8, BLOCK_N], k = 8 row + i
+        # Small integers, exact in fp16/bf16; through fp32 because Triton's interpreter
+        # bit-casts int32 -> bf16 instead of converting (the GPU needs the fp32 step anyway).
+        w = tl.reshape(nib - 8, (BLOCK_K, BLOCK_N)).to(tl.float32).to(x.dtype)
+        # BLOCK_K divides GROUP, so one scale row serves the whole block; scaling after the
+        # product costs BLOCK_M*BLOCK_N multiplies instead of BLOCK_K*BLOCK_N.
+        s = tl.load(sc_base + (k0 // GROUP) * N + offs_n, mask=n_ok, other=0.0).to(tl.float32)
+        if USE_DOT:
             acc += tl.dot(x, w) * s[None, :]
-    else:
-        # Few pairs per block (decode): everything lives in one 3D [M, K, N] layout, so no
-        # shared-memory layout change (and barrier) sits between one K-block's loads and the
-        # next: unrolled, all of a program's weight loads can be in flight at once. Each int32
-        # is loaded by the 8 k that share it (L1 serves the repeats; DRAM sees it once).
-        x3 = x_ptr + pairs.to(tl.int64)[:, None, None] * K
-        m3 = m_ok[:, None, None]
-        kk = tl.arange(0, BLOCK_K)[None, :, None]
-        n3 = offs_n[None, None, :]
-        n3_ok = n_ok[None, None, :]
-        acc3 = tl.zeros((BLOCK_M, BLOCK_K, BLOCK_N), dtype=tl.float32)
-        # Unrolled in chunks of UNROLL K-blocks: more in flight, without spilling registers.
-        for chunk in range(K_ITERS // UNROLL):
-            for u in tl.static_range(UNROLL):
-                k0 = k_lo + (chunk * UNROLL + u) * BLOCK_K
-                x = tl.load(x3 + k0 + kk, mask=m3, other=0.0).to(tl.float32)
-                q = tl.load(qw_base + ((k0 + kk) // PACK_C) * N + n3, mask=n3_ok, other=0)
-                s = tl.load(sc_base + (k0 // GROUP) * N + n3, mask=n3_ok, other=0.0).to(tl.float32)
-                w = (((q >> ((kk % PACK_C) * 4)) & 0xF) - 8).to(tl.float32) * s
-                acc3 += x * w
-        acc = tl.sum(acc3, axis=1)
+        else:
+            acc += tl.sum(x.to(tl.float32)[:, :, None] * w.to(tl.float32)[None, :, :], axis=1) * s[None, :]
     rw = tl.load(rw_ptr + pairs, mask=m_ok, other=0.0)
     acc = acc * rw[:, None]
     ok = m_ok[:, None] & n_ok[None, :]
@@ -182,11 +165,6 @@ def group_pairs(ids_cpu: torch.Tensor, block_m: int) -> tuple[torch.Tensor, torc
     return torch.cat(pair_ids), torch.tensor(block_expert, dtype=torch.int32)
 
 
-def unroll(iters: int) -> int:
-    """K-blocks unrolled per step of the broadcast path: 4 or fewer (more spill registers)."""
-    return next(u for u in (4, 3, 2, 1) if iters % u == 0)
-
-
 def check_config(cfg: Config, k: int, group: int) -> None:
     if group % cfg.block_k or cfg.block_k % PACK:
         raise ValueError(f"block_k {cfg.block_k} must divide the group {group} and be a multiple of {PACK}")
@@ -211,15 +189,13 @@ def prepare(cfg: Config, qweight, scales, group: int, batch, out: torch.Tensor):
     cnt = torch.zeros((t, n_tiles), dtype=torch.int32, device=dev)
     grid = (block_expert.numel(), n_tiles, cfg.split_k)
     use_dot = bm >= DOT_MIN_M
-    iters = k // cfg.split_k // cfg.block_k
     sum_block = 256
     sum_grid = (t, triton.cdiv(n, sum_block))
 
     def run():
         _moe_down[grid](x, qweight, scales, pair_ids, block_expert, rw, part, out, cnt, p, n, k, n_tiles,
                         TOPK=topk, GROUP=group, BLOCK_M=bm, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-                        SPLIT_K=cfg.split_k, K_ITERS=iters, UNROLL=unroll(iters),
-                        USE_DOT=use_dot, FUSED_REDUCE=cfg.fused_reduce,
+                        SPLIT_K=cfg.split_k, USE_DOT=use_dot, FUSED_REDUCE=cfg.fused_reduce,
                         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
         if not cfg.fused_reduce:
             _moe_sum[sum_grid](part, out, p, n, TOPK=topk, SPLIT_K=cfg.split_k, BLOCK=sum_block, num_warps=4)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 import time
 from dataclasses import asdict
 
@@ -86,7 +87,26 @@ def load_tuned(path) -> dict:
     for r in rows:
         if not r.get("ok") or r.get("time_us") is None:
             continue
-        key = (r["k"], r["n"], r["tokens"])
+        key = (r.get("k") or shape_k(r), r.get("n") or 3072, r["tokens"])
         if key not in best or r["time_us"] < best[key]["time_us"]:
             best[key] = r
-    return {key: Config(**r["tiling"]) for key, r in best.items()}
+    return {key: Config(**r["tiling"]) if "tiling" in r else parse_label(r["config"]) for key, r in best.items()}
+
+
+LABEL = re.compile(r"m(\d+)n(\d+)k(\d+)s(\d+)w(\d+)st(\d+)(sum|fused)$")
+
+
+def parse_label(label: str):
+    """Config from its label, e.g. m1n64k128s4w4st3sum (older sweep files carry only this)."""
+    from b70bench.moe.kernels import Config
+
+    m = LABEL.match(label)
+    if not m:
+        raise ValueError(f"not a tiling label: {label!r}")
+    bm, bn, bk, split, warps, stages = map(int, m.groups()[:6])
+    return Config(bm, bn, bk, split, warps, stages, m.group(7) == "fused")
+
+
+def shape_k(row: dict) -> int:
+    """K of an older sweep row without one: MiniMax's intermediate 1536 over its TP."""
+    return 1536 // row["tp"]

@@ -177,6 +177,9 @@ class TritonVariant:
 
         if self.config is not None:
             return self.config
+        key = (k, n, batch.tokens)
+        if key in self.tuned:
+            return self.tuned[key]
         bm = kernels.auto_block_m(batch.ids_cpu)
         if not self.htile:
             bn = 64
@@ -188,16 +191,13 @@ class TritonVariant:
         bn = 32
         n_blocks = sum(-(-c // bm) for c in torch.bincount(batch.ids_cpu.flatten()).tolist() if c)
         target = 4 * _sm_count(batch.x.device)
-        best = None
-        for split in (1, 2, 3, 4, 6, 8):
-            bk = kernels.fit_block_k(k, split, group, bm, bn)
-            if bk is None:
-                continue
-            best = (split, bk)
-            # Enough programs to fill the device, each short enough to unroll without spilling.
-            if n_blocks * -(-n // bn) * split >= target and (bm >= kernels.DOT_MIN_M or k // split // bk <= 4):
+        split, bk = 1, kernels.fit_block_k(k, 1, group, bm, bn) or 16
+        for s in (2, 3, 4, 6, 8):  # split K only until the grid fills the device 4x over
+            if n_blocks * -(-n // bn) * split >= target:
                 break
-        split, bk = best or (1, 16)
+            fit = kernels.fit_block_k(k, s, group, bm, bn)
+            if fit:
+                split, bk = s, fit
         cfg = kernels.Config(block_m=bm, block_n=bn, block_k=bk, split_k=split, fused_reduce=True)
         return replace(cfg, **self.overrides)
 

@@ -1,0 +1,41 @@
+"""u4 MoE down projection (MiniMax M2.x, TP4): each variant's time, measured once per environment."""
+
+from b70bench import moe
+from b70bench.errors import UsageError
+
+from .common import select_device, skip_if
+
+VARIANTS = ["reference", "triton", "triton-htile", "torch-int4"]
+
+
+class MoeDown:
+    """One suite run in setup_cache (every variant checked against float64 first); time and
+    bandwidth are views of it. Decode shapes only: the CPU reference takes seconds beyond."""
+
+    param_names = ["variant", "tokens"]
+    params = [VARIANTS, [1, 4]]
+    timeout = 900
+    version = 1
+
+    def setup_cache(self):
+        dev = select_device()
+        try:
+            rows = moe.measure(dev, VARIANTS, tokens=tuple(self.params[1]), tps=(4,),
+                               repeat=5 if dev.backend == "cpu" else 20)
+        except UsageError as err:
+            raise NotImplementedError(str(err)) from None
+        return {(r["variant"], r["tokens"]): r for r in rows}
+
+    def setup(self, cache, variant, tokens):
+        row = cache[(variant, tokens)]
+        skip_if(row["skipped"] or (None if row["ok"] else f"{variant} failed its float64 check"))
+
+    def track_time(self, cache, variant, tokens):
+        return {"samples": cache[(variant, tokens)]["samples_s"], "number": 1}
+
+    track_time.unit = "seconds"
+
+    def track_bandwidth(self, cache, variant, tokens):
+        return cache[(variant, tokens)]["gbps"]
+
+    track_bandwidth.unit = "GB/s"

@@ -1,0 +1,36 @@
+"""Run by test_moe_triton.py in a child process: TRITON_INTERPRET must be set before triton loads."""
+
+import json
+import os
+import sys
+
+os.environ["TRITON_INTERPRET"] = "1"
+
+import torch  # noqa: E402
+
+from b70bench import device  # noqa: E402
+from b70bench.moe import kernels, shapes, suite, variants  # noqa: E402
+
+shape = shapes.MoeShape(hidden=64, intermediate=256, experts=8, topk=2)
+dev = device.Device("cpu")
+C = kernels.Config
+# (dtype, tokens, tiling): the broadcast path, tl.dot, split-K, both reductions. tl.dot cases use
+# fp16: Triton 3.9's interpreter mis-evaluates bf16 dots (the GPU path is checked on the device).
+cases = [
+    ("bf16", 1, C(block_m=1, block_n=64, block_k=128)),
+    ("bf16", 3, C(block_m=2, block_n=32, block_k=64, split_k=2, fused_reduce=True)),
+    ("fp16", 9, C(block_m=16, block_n=32, block_k=128, split_k=2)),
+    ("fp16", 9, C(block_m=16, block_n=64, block_k=64, split_k=2, fused_reduce=True)),
+    ("fp16", 2, None),  # the triton variant's own choice
+    ("bf16", 2, "htile"),
+]
+out = []
+for i, (dt, tokens, cfg) in enumerate(cases):
+    dtype = shapes.DTYPES[dt]
+    w = shapes.random_weights(shape, 256, dtype, torch.device("cpu"), i)
+    if cfg == "htile":
+        v = variants.TritonVariant("triton-htile", htile=True)
+    else:
+        v = variants.TritonVariant("t", config=cfg)
+    out.append(dict(case=i, **suite.check(v, variants.Reference(), shape, w, 256, tokens, dtype, dev, 100 + i)))
+json.dump(out, sys.stdout)
