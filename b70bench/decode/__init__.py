@@ -33,7 +33,9 @@ samples_s_per_output_token, latency_s, ttft_s, itl_s_p50/p90/p99 (from streamed 
 token timestamped as LLM's engine returns it), kv_cache_tokens, peak_memory_bytes, cache_dir,
 cache_keys (hex keys from vLLM's compile-cache paths: the 64-hex AOT key, the 10-hex directory key),
 cache_state (loaded / compiled / compiled-again: <reason>), token_sha256, gate (0 pass, 1 fail,
-None unpinned), gate_message, log_path, load_1min_before/after, fingerprint. When gate == 1 every speed figure is None.
+None unpinned), gate_message, log_path, load_1min_before/after, foreign_cpu_share (share of all
+cores other processes used while the calls were timed: a slow figure with a high share was
+interfered with), fingerprint. When gate == 1 every speed figure is None.
 """
 
 from __future__ import annotations

