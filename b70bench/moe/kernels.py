@@ -6,10 +6,18 @@ packed weights once for all its pairs. Each program writes routing-weighted fp32
 [SPLIT_K, T*topk, N]; the sum over a token's experts and K-splits is either a second
 kernel (`_moe_sum`) or done in-kernel by the last program to finish a (token, N-tile),
 found with an atomic counter (FUSED_REDUCE), which saves a launch.
+
+The nibbles are never interleaved back into K order. Word row r of a K-block holds
+k = k0 + 8r + j in nibble j, so the block is eight [BLOCK_K/8, BLOCK_N] weight planes in the
+loaded tile's own layout, each multiplied by the activations at the matching stride-8
+columns. The register tile is used as loaded: no shared-memory round trip, no barrier
+between K-blocks. Decode (1-2 pairs per block) accumulates elementwise products into a
+[BLOCK_M, BLOCK_K/8, BLOCK_N] fp32 tile and reduces it over the word rows once, at the end.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -20,14 +28,158 @@ from b70bench.moe.layout import PACK
 
 # Globals a @triton.jit function reads must be constexpr objects (the interpreter is laxer).
 PACK_C = tl.constexpr(PACK)
+# fp32 2**23: OR-ing a nibble field (bits < 23) into its mantissa gives 2**23 + field exactly.
+MAGIC_BITS = tl.constexpr(0x4B000000)
+MAGIC = tl.constexpr(8388608.0)
 
 
 @triton.jit
-def _moe_down(x_ptr, qw_ptr, sc_ptr, pair_ptr, blk_expert_ptr, rw_ptr, part_ptr, out_ptr, cnt_ptr,
-              P, N, K, n_tiles,
-              TOPK: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-              BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, USE_DOT: tl.constexpr,
-              FUSED_REDUCE: tl.constexpr):
+def _nibble_bits(src, J: tl.constexpr, ASM: tl.constexpr):
+    """src's bits of nibble J % 4 (of 0..15) with fp32 2**23's exponent OR-ed in. One LOP3
+    ((a & b) | c, LUT 0xEA) on the GPU; some ptxas versions (Triton 3.6's) emit two for the
+    plain expression, which the interpreter path keeps."""
+    if ASM:
+        if J % 4 == 0:
+            bits = tl.inline_asm_elementwise("lop3.b32 $0, $1, 0x0000000F, 0x4B000000, 0xEA;", "=r,r", [src],
+                                             dtype=tl.int32, is_pure=True, pack=1)
+        elif J % 4 == 1:
+            bits = tl.inline_asm_elementwise("lop3.b32 $0, $1, 0x000000F0, 0x4B000000, 0xEA;", "=r,r", [src],
+                                             dtype=tl.int32, is_pure=True, pack=1)
+        elif J % 4 == 2:
+            bits = tl.inline_asm_elementwise("lop3.b32 $0, $1, 0x00000F00, 0x4B000000, 0xEA;", "=r,r", [src],
+                                             dtype=tl.int32, is_pure=True, pack=1)
+        else:
+            bits = tl.inline_asm_elementwise("lop3.b32 $0, $1, 0x0000F000, 0x4B000000, 0xEA;", "=r,r", [src],
+                                             dtype=tl.int32, is_pure=True, pack=1)
+    else:
+        bits = (src & (15 << (4 * (J % 4)))) | MAGIC_BITS
+    return bits
+
+
+@triton.jit
+def _plane(q, q_hi, J: tl.constexpr, ASM: tl.constexpr):
+    """Nibble J of every word as exact fp32 (value - 8), in q's layout. Per element: one
+    LOP3 (mask | exponent), one FFMA; no int->float conversion (a slower instruction)."""
+    if J < 4:
+        src = q
+    else:
+        src = q_hi
+    # Shift amounts and factors stay constexpr expressions: a local name would not be constexpr
+    # in Triton 3.9 without an annotation, which older Tritons may not take.
+    f = _nibble_bits(src, J, ASM).to(tl.float32, bitcast=True)  # 2**23 + nibble * 16**(J%4)
+    # f * 16**-s is exact and so is the sum (a small integer): one FFMA once contracted; no
+    # tl.fma, whose scalar broadcasting older Tritons lack.
+    return f * (1.0 / (1 << (4 * (J % 4)))) - (MAGIC / (1 << (4 * (J % 4))) + 8.0)
+
+
+@triton.jit
+def _reduce_tokens(pairs, m_ok, offs_n, n_ok, pid_n, part_ptr, out_ptr, cnt_ptr, P, N, n_tiles,
+                   TOPK: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The last program to store a partial of a (token, N-tile) sums that token's top-k x
+    split partials into out and re-arms the counter (for the next launch or graph replay)."""
+    # Every thread's partial store must be visible before this program's arrival counts.
+    tl.debug_barrier()
+    tok = pairs // TOPK
+    cnt = cnt_ptr + tok * n_tiles + pid_n
+    arrived = tl.atomic_add(cnt, 1, mask=m_ok, sem="acq_rel", scope="gpu")
+    last = m_ok & (arrived == TOPK * SPLIT_K - 1)
+    tl.debug_barrier()
+    total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    lok = last[:, None] & n_ok[None, :]
+    tok_rows = tok.to(tl.int64)[:, None] * TOPK
+    for s_i in tl.static_range(SPLIT_K):
+        for j in tl.static_range(TOPK):
+            # .cg reads from L2: other SMs wrote these partials, this SM's L1 may be stale.
+            total += tl.load(part_ptr + s_i * P * N + (tok_rows + j) * N + offs_n[None, :], mask=lok,
+                             other=0.0, cache_modifier=".cg")
+    tl.store(out_ptr + tok.to(tl.int64)[:, None] * N + offs_n[None, :], total.to(out_ptr.dtype.element_ty),
+             mask=lok)
+    tl.store(cnt, tl.zeros_like(arrived), mask=last)
+
+
+@triton.jit
+def _scales(sc_base, k0, rows, offs_n, n_ok, N, GROUP: tl.constexpr):
+    """fp32 scales of each word row's group, [BLOCK_K/8, BLOCK_N]: the words' own shape and
+    layout, so applying them needs no layout conversion (a [BLOCK_N] row would go through
+    shared memory); the repeated rows are L1 hits."""
+    return tl.load(sc_base + ((k0 + rows * PACK_C) // GROUP)[:, None] * N + offs_n[None, :],
+                   mask=n_ok[None, :], other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _load_words(qw_base, k0, rows, offs_n, n_ok, N):
+    # Streamed once: first out of the caches (x and the partials stay).
+    return tl.load(qw_base + (k0 // PACK_C + rows)[:, None] * N + offs_n[None, :], mask=n_ok[None, :],
+                   other=0, eviction_policy="evict_first")
+
+
+@triton.jit
+def _moe_down_vec(x_ptr, qw_ptr, sc_ptr, pair_ptr, blk_expert_ptr, rw_ptr, part_ptr, out_ptr, cnt_ptr,
+                  P, N, K, n_tiles,
+                  TOPK: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                  BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, FUSED_REDUCE: tl.constexpr, ASM: tl.constexpr):
+    """Decode: 1 or 2 pairs per block. Each pair accumulates elementwise products in a
+    [BLOCK_K/8, BLOCK_N] fp32 tile laid out like the loaded words (2D, so every op keeps the
+    load's layout); the word rows are summed once, after the K loop."""
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    pid_k = tl.program_id(2)
+    expert = tl.load(blk_expert_ptr + pid_m).to(tl.int64)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < N
+    rows = tl.arange(0, BLOCK_K // PACK_C)
+    k_per = K // SPLIT_K
+    k_lo = pid_k * k_per
+    qw_base = qw_ptr + expert * (K // PACK_C) * N
+    sc_base = sc_ptr + expert * (K // GROUP) * N
+    # Masks as vectors (rows * 0 + pair): Triton's interpreter rejects a scalar mask on a vector load.
+    p0 = tl.load(pair_ptr + pid_m * BLOCK_M)
+    x0 = x_ptr + p0.to(tl.int64) * K
+    ok0 = (rows * 0 + p0) < P
+    acc0 = tl.zeros((BLOCK_K // PACK_C, BLOCK_N), dtype=tl.float32)
+    if BLOCK_M == 2:
+        p1 = tl.load(pair_ptr + pid_m * BLOCK_M + 1)
+        x1 = x_ptr + p1.to(tl.int64) * K
+        ok1 = (rows * 0 + p1) < P
+        acc1 = tl.zeros((BLOCK_K // PACK_C, BLOCK_N), dtype=tl.float32)
+    for kk in range(0, k_per, BLOCK_K):
+        k0 = k_lo + kk
+        # The next block's words are not prefetched into registers: the compiler sinks such a
+        # load to the end of the loop body (seen in SASS); other programs on the SM hide the latency.
+        q = _load_words(qw_base, k0, rows, offs_n, n_ok, N)
+        s = _scales(sc_base, k0, rows, offs_n, n_ok, N, GROUP)
+        q_hi = q >> 16
+        cols = k0 + rows * PACK_C  # column 8r of this block: word row r's nibble 0
+        blk0 = tl.zeros((BLOCK_K // PACK_C, BLOCK_N), dtype=tl.float32)
+        if BLOCK_M == 2:
+            blk1 = tl.zeros((BLOCK_K // PACK_C, BLOCK_N), dtype=tl.float32)
+        for j in tl.static_range(PACK_C):
+            w = _plane(q, q_hi, j, ASM)
+            blk0 += tl.load(x0 + cols + j, mask=ok0, other=0.0).to(tl.float32)[:, None] * w
+            if BLOCK_M == 2:
+                blk1 += tl.load(x1 + cols + j, mask=ok1, other=0.0).to(tl.float32)[:, None] * w
+        acc0 += blk0 * s
+        if BLOCK_M == 2:
+            acc1 += blk1 * s
+    part = part_ptr + pid_k * P * N + offs_n
+    res0 = tl.sum(acc0, axis=0) * tl.load(rw_ptr + p0, mask=p0 < P, other=0.0)
+    tl.store(part + p0.to(tl.int64) * N, res0, mask=n_ok & ((offs_n * 0 + p0) < P))
+    if BLOCK_M == 2:
+        res1 = tl.sum(acc1, axis=0) * tl.load(rw_ptr + p1, mask=p1 < P, other=0.0)
+        tl.store(part + p1.to(tl.int64) * N, res1, mask=n_ok & ((offs_n * 0 + p1) < P))
+    if FUSED_REDUCE:
+        pairs = tl.load(pair_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
+        _reduce_tokens(pairs, pairs < P, offs_n, n_ok, pid_n, part_ptr, out_ptr, cnt_ptr, P, N, n_tiles,
+                       TOPK, SPLIT_K, BLOCK_M, BLOCK_N)
+
+
+@triton.jit
+def _moe_down_dot(x_ptr, qw_ptr, sc_ptr, pair_ptr, blk_expert_ptr, rw_ptr, part_ptr, out_ptr, cnt_ptr,
+                  P, N, K, n_tiles,
+                  TOPK: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                  BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, FUSED_REDUCE: tl.constexpr, ASM: tl.constexpr):
+    """16+ pairs per block: eight tensor-core dots per K-block, one per nibble plane
+    (K = BLOCK_K/8 word rows each), BLOCK_K within one scale group."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -36,7 +188,7 @@ def _moe_down(x_ptr, qw_ptr, sc_ptr, pair_ptr, blk_expert_ptr, rw_ptr, part_ptr,
     m_ok = pairs < P
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < N
-    shifts = tl.arange(0, PACK_C) * 4
+    rows = tl.arange(0, BLOCK_K // PACK_C)
     k_per = K // SPLIT_K
     k_lo = pid_k * k_per
     qw_base = qw_ptr + expert * (K // PACK_C) * N
@@ -45,44 +197,23 @@ def _moe_down(x_ptr, qw_ptr, sc_ptr, pair_ptr, blk_expert_ptr, rw_ptr, part_ptr,
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for kk in range(0, k_per, BLOCK_K):
         k0 = k_lo + kk
-        offs_k = k0 + tl.arange(0, BLOCK_K)
-        x = tl.load(x_rows + offs_k[None, :], mask=m_ok[:, None], other=0.0)
-        rows = k0 // PACK_C + tl.arange(0, BLOCK_K // PACK_C)
-        q = tl.load(qw_base + rows[:, None] * N + offs_n[None, :], mask=n_ok[None, :], other=0)
-        nib = (q[:, None, :] >> shifts[None, :, None]) & 0xF  # [BLOCK_K/8, 8, BLOCK_N], k = 8 row + i
-        # Small integers, exact in fp16/bf16; through fp32 because Triton's interpreter
-        # bit-casts int32 -> bf16 instead of converting (the GPU needs the fp32 step anyway).
-        w = tl.reshape(nib - 8, (BLOCK_K, BLOCK_N)).to(tl.float32).to(x.dtype)
-        # BLOCK_K divides GROUP, so one scale row serves the whole block; scaling after the
-        # product costs BLOCK_M*BLOCK_N multiplies instead of BLOCK_K*BLOCK_N.
-        s = tl.load(sc_base + (k0 // GROUP) * N + offs_n, mask=n_ok, other=0.0).to(tl.float32)
-        if USE_DOT:
-            acc += tl.dot(x, w) * s[None, :]
-        else:
-            acc += tl.sum(x.to(tl.float32)[:, :, None] * w.to(tl.float32)[None, :, :], axis=1) * s[None, :]
-    rw = tl.load(rw_ptr + pairs, mask=m_ok, other=0.0)
-    acc = acc * rw[:, None]
+        q = _load_words(qw_base, k0, rows, offs_n, n_ok, N)
+        q_hi = q >> 16
+        # BLOCK_K <= GROUP: one scale row, [1, BLOCK_N], for the dot's [BLOCK_M, BLOCK_N] result.
+        s = tl.load(sc_base + (k0 // GROUP) * N + offs_n[None, :], mask=n_ok[None, :], other=0.0).to(tl.float32)
+        x_k = x_rows + (k0 + rows * PACK_C)[None, :]
+        blk = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for j in tl.static_range(PACK_C):
+            xj = tl.load(x_k + j, mask=m_ok[:, None], other=0.0)
+            # Small integers, exact in fp16/bf16.
+            blk = tl.dot(xj, _plane(q, q_hi, j, ASM).to(xj.dtype), blk)
+        acc += blk * s
+    acc = acc * tl.load(rw_ptr + pairs, mask=m_ok, other=0.0)[:, None]
     ok = m_ok[:, None] & n_ok[None, :]
     tl.store(part_ptr + pid_k * P * N + pairs.to(tl.int64)[:, None] * N + offs_n[None, :], acc, mask=ok)
     if FUSED_REDUCE:
-        # Every thread's partial store must be visible before this program's arrival counts.
-        tl.debug_barrier()
-        tok = pairs // TOPK
-        cnt = cnt_ptr + tok * n_tiles + pid_n
-        arrived = tl.atomic_add(cnt, 1, mask=m_ok, sem="acq_rel", scope="gpu")
-        last = m_ok & (arrived == TOPK * SPLIT_K - 1)
-        tl.debug_barrier()
-        total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        lok = last[:, None] & n_ok[None, :]
-        tok_rows = tok.to(tl.int64)[:, None] * TOPK
-        for s_i in tl.static_range(SPLIT_K):
-            for j in tl.static_range(TOPK):
-                # .cg reads from L2: other SMs wrote these partials, this SM's L1 may be stale.
-                total += tl.load(part_ptr + s_i * P * N + (tok_rows + j) * N + offs_n[None, :], mask=lok,
-                                 other=0.0, cache_modifier=".cg")
-        tl.store(out_ptr + tok.to(tl.int64)[:, None] * N + offs_n[None, :], total.to(out_ptr.dtype.element_ty),
-                 mask=lok)
-        tl.store(cnt, tl.zeros_like(arrived), mask=last)  # ready for the next launch (graph replays too)
+        _reduce_tokens(pairs, m_ok, offs_n, n_ok, pid_n, part_ptr, out_ptr, cnt_ptr, P, N, n_tiles,
+                       TOPK, SPLIT_K, BLOCK_M, BLOCK_N)
 
 
 @triton.jit
@@ -115,13 +246,26 @@ class Config:
                 f"w{self.num_warps}st{self.num_stages}{red}")
 
 
-DOT_MIN_M = 16  # tl.dot needs 16 rows; fewer pairs per block use a broadcast product instead
-NO_DOT_ELEMS = 8192  # bound on BLOCK_M*BLOCK_K*BLOCK_N of the broadcast product (registers)
+DOT_MIN_M = 16  # tl.dot needs 16 rows; fewer pairs per block use the elementwise product instead
+DOT_K = 16 * PACK  # a dot's K is the block's word rows: 16 of them at least
+# Budget of the elementwise path's tiles by fp32_tile_regs; ptxas used ~1.5x this estimate in
+# total (94 for m1n128k128w4, 168 for m2n128k128w4; sm_90, Triton 3.9), no spills.
+REGS_PER_THREAD = 96
+
+
+def fp32_tile_regs(block_m: int, block_k: int, block_n: int, num_warps: int) -> float:
+    """Registers per thread of the elementwise path's tiles: acc and the K-block's sum
+    (BLOCK_M x BLOCK_K/8 x BLOCK_N each), plus the loaded words and their high halves."""
+    return (2 * block_m + 2) * (block_k // PACK) * block_n / (32 * num_warps)
+
+
+def uses_dot(block_m: int, block_k: int, group: int) -> bool:
+    return block_m >= DOT_MIN_M and DOT_K <= block_k <= group
 
 
 def auto_block_m(ids_cpu: torch.Tensor) -> int:
     """Pairs per hit expert, rounded up to a power of two. One or two pairs (decode) take the
-    broadcast product; more are padded to 16+ rows for tensor-core dots, which cost no bytes."""
+    elementwise product; more are padded to 16+ rows for tensor-core dots, which cost no bytes."""
     flat = ids_cpu.flatten()
     mean = flat.numel() / max(1, flat.unique().numel())
     if mean <= 1:
@@ -134,13 +278,20 @@ def auto_block_m(ids_cpu: torch.Tensor) -> int:
     return bm
 
 
-def fit_block_k(k: int, split: int, group: int, block_m: int, block_n: int) -> int | None:
-    """The largest K-block (<= the group) that tiles each K-split and keeps the broadcast
-    product within registers; None if there is none."""
-    for bk in (128, 64, 32, 16):
-        if bk > group or group % bk or k % split or (k // split) % bk:
+def fit_block_k(k: int, split: int, group: int, block_m: int, block_n: int, num_warps: int = 4,
+                largest: int = 256) -> int | None:
+    """The largest K-block (a power of two words deep, <= `largest`) that tiles each K-split;
+    the dot path keeps it within one scale group, the elementwise path within its register
+    budget. None if there is none."""
+    if k % split:
+        return None
+    for bk in (512, 256, 128, 64, 32, 16, 8):
+        if bk > largest or (k // split) % bk:
             continue
-        if block_m < DOT_MIN_M and block_m * bk * block_n > NO_DOT_ELEMS:
+        if block_m >= DOT_MIN_M:
+            if bk > group or group % bk or bk < DOT_K:
+                continue
+        elif fp32_tile_regs(block_m, bk, block_n, num_warps) > REGS_PER_THREAD:
             continue
         return bk
     return None
@@ -166,8 +317,10 @@ def group_pairs(ids_cpu: torch.Tensor, block_m: int) -> tuple[torch.Tensor, torc
 
 
 def check_config(cfg: Config, k: int, group: int) -> None:
-    if group % cfg.block_k or cfg.block_k % PACK:
-        raise ValueError(f"block_k {cfg.block_k} must divide the group {group} and be a multiple of {PACK}")
+    if cfg.block_k % PACK or (cfg.block_k // PACK) & (cfg.block_k // PACK - 1):
+        raise ValueError(f"block_k {cfg.block_k} must be {PACK} x a power of two")
+    if cfg.block_k > group and cfg.block_k % group or cfg.block_k < group and group % cfg.block_k:
+        raise ValueError(f"block_k {cfg.block_k} and the group {group} must divide one another")
     if k % cfg.split_k or (k // cfg.split_k) % cfg.block_k:
         raise ValueError(f"K={k} does not split into {cfg.split_k} parts of whole {cfg.block_k}-blocks")
 
@@ -188,15 +341,21 @@ def prepare(cfg: Config, qweight, scales, group: int, batch, out: torch.Tensor):
     n_tiles = triton.cdiv(n, cfg.block_n)
     cnt = torch.zeros((t, n_tiles), dtype=torch.int32, device=dev)
     grid = (block_expert.numel(), n_tiles, cfg.split_k)
-    use_dot = bm >= DOT_MIN_M
+    if uses_dot(bm, cfg.block_k, group):
+        kernel, extra = _moe_down_dot, {}
+    elif bm <= 2:
+        kernel, extra = _moe_down_vec, {}
+    else:
+        raise ValueError(f"block_m {bm}: 1 or 2 pairs per block, or 16+ with a {DOT_K}-deep K-block in one group")
+    interpreted = os.environ.get("TRITON_INTERPRET") == "1"  # the interpreter runs no inline PTX
     sum_block = 256
     sum_grid = (t, triton.cdiv(n, sum_block))
 
     def run():
-        _moe_down[grid](x, qweight, scales, pair_ids, block_expert, rw, part, out, cnt, p, n, k, n_tiles,
-                        TOPK=topk, GROUP=group, BLOCK_M=bm, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-                        SPLIT_K=cfg.split_k, USE_DOT=use_dot, FUSED_REDUCE=cfg.fused_reduce,
-                        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        kernel[grid](x, qweight, scales, pair_ids, block_expert, rw, part, out, cnt, p, n, k, n_tiles,
+                     TOPK=topk, GROUP=group, BLOCK_M=bm, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+                     SPLIT_K=cfg.split_k, FUSED_REDUCE=cfg.fused_reduce,
+                     ASM=not interpreted, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **extra)
         if not cfg.fused_reduce:
             _moe_sum[sum_grid](part, out, p, n, TOPK=topk, SPLIT_K=cfg.split_k, BLOCK=sum_block, num_warps=4)
         return out

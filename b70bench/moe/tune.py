@@ -18,16 +18,32 @@ from b70bench.moe.shapes import random_batch, random_weights, roofline_bytes
 COLUMNS = ["tp", "tokens", "config", "programs", "time_us", "time_us_iqr", "gbps", "frac_copy", "rel_err", "ok"]
 
 
-def configs(k: int, group: int, auto_bm: int) -> list:
-    from b70bench.moe.kernels import Config, fit_block_k
+def configs(k: int, group: int, auto_bm: int, n: int = 3072, blocks: dict | None = None, sms: int = 132) -> list:
+    """Candidate tilings, the likeliest first (the sweep stops at its deadline): grids of about
+    2-8 programs per SM first, the in-kernel reduction before the second launch. `blocks` maps
+    block_m to the number of expert blocks of the probe routing."""
+    import math
 
-    out = []
-    for bm, fused, bn, split in itertools.product(sorted({auto_bm, 16}), (True, False), (32, 64, 128),
-                                                  (1, 2, 4, 8)):
-        bk = fit_block_k(k, split, group, bm, bn)
-        if bk:
-            out.append(Config(block_m=bm, block_n=bn, block_k=bk, split_k=split, fused_reduce=fused))
-    return out
+    from b70bench.moe.kernels import DOT_MIN_M, Config, fit_block_k
+
+    bms = [auto_bm] + ([1] if auto_bm == 2 else []) + ([DOT_MIN_M] if auto_bm < DOT_MIN_M else [])
+    cands = []
+    for bm, bn, warps, split, fused in itertools.product(bms, (128, 64, 256), (4, 8), (1, 2, 3, 4, 6, 8),
+                                                          (True, False)):
+        if bm >= DOT_MIN_M and (bn > 128 or warps != 4):
+            continue
+        bk = fit_block_k(k, split, group, bm, bn, warps)
+        if not bk or (split > 1 and bk < min(group, 128)):
+            continue
+        programs = (blocks or {}).get(bm, 8) * -(-n // bn) * split
+        per_sm = programs / sms
+        score = abs(math.log2(max(per_sm, 1e-3) / 4)) + (0 if fused else 0.75) + (1.5 if bm >= DOT_MIN_M else 0)
+        score += 0.5 * (bm != auto_bm) + 0.25 * (warps != 4) + 0.25 * (bn == 256)
+        stages = 3 if bm >= DOT_MIN_M else 1
+        cands.append((score, Config(block_m=bm, block_n=bn, block_k=bk, split_k=split, num_warps=warps,
+                                    num_stages=stages, fused_reduce=fused)))
+    cands.sort(key=lambda c: c[0])
+    return [c for _, c in cands]
 
 
 def sweep(dev, shape, tps, tokens, dtype, graph: bool = True, repeat: int = 10, seed: int = 0,
@@ -56,7 +72,10 @@ def sweep(dev, shape, tps, tokens, dtype, graph: bool = True, repeat: int = 10, 
                                  for i in range(1, sets)]
             mean_bytes = sum(roofline_bytes(shape, k, b, dtype) for b in batches) / len(batches)
             deadline = time.monotonic() + per_shape
-            for cfg in configs(k, shape.group, kernels.auto_block_m(probe.ids_cpu)):
+            auto = kernels.auto_block_m(probe.ids_cpu)
+            blocks = {bm: kernels.group_pairs(probe.ids_cpu, bm)[1].numel() for bm in {1, 2, auto, 16}}
+            sms = varmod._sm_count(dev.torch_device)
+            for cfg in configs(k, shape.group, auto, shape.hidden, blocks, sms):
                 if time.monotonic() > deadline:
                     break
                 v = varmod.TritonVariant("triton-tune", config=cfg)

@@ -156,9 +156,10 @@ def _sm_count(device) -> int:
 class TritonVariant:
     """The fused dequant + grouped GEMM (b70bench.moe.kernels), with a tiling policy.
 
-    `triton`: one program per (expert block, N-tile of 64), whole K, a second kernel sums
-    the top-k partials. `triton-htile`: finer N-tiles, split-K until the grid fills the
-    device several times over, and the top-k/split sum done in-kernel by the last arrival.
+    `triton`: one program per (expert block, N-tile of 128; 64 for dot blocks), whole K, a
+    second kernel sums the top-k partials. `triton-htile`: N-tiles half as wide, split-K until
+    the grid fills the device several times over, and the top-k/split sum done in-kernel by
+    the last arrival.
     `config` pins one tiling (the tuning sweep uses it); `tuned` maps (K, N, tokens) to the
     sweep's fastest correct tiling (`b70bench moe-down --tuned tune.json`).
     """
@@ -181,22 +182,20 @@ class TritonVariant:
         if key in self.tuned:
             return self.tuned[key]
         bm = kernels.auto_block_m(batch.ids_cpu)
+        dot = bm >= kernels.DOT_MIN_M
         if not self.htile:
-            bn = 64
-            cfg = kernels.Config(block_m=bm, block_n=bn, block_k=kernels.fit_block_k(k, 1, group, bm, bn) or 16)
+            bn = 64 if dot else 128
+            cfg = kernels.Config(block_m=bm, block_n=bn, block_k=kernels.fit_block_k(k, 1, group, bm, bn) or 8)
             return replace(cfg, **self.overrides)
-        key = (k, n, batch.tokens)
-        if key in self.tuned:
-            return self.tuned[key]
-        bn = 32
+        bn = 32 if dot else 64
         n_blocks = sum(-(-c // bm) for c in torch.bincount(batch.ids_cpu.flatten()).tolist() if c)
         target = 4 * _sm_count(batch.x.device)
-        split, bk = 1, kernels.fit_block_k(k, 1, group, bm, bn) or 16
+        split, bk = 1, kernels.fit_block_k(k, 1, group, bm, bn) or 8
         for s in (2, 3, 4, 6, 8):  # split K only until the grid fills the device 4x over
             if n_blocks * -(-n // bn) * split >= target:
                 break
             fit = kernels.fit_block_k(k, s, group, bm, bn)
-            if fit:
+            if fit and fit >= min(group, kernels.DOT_K):  # a split that leaves whole groups per program
                 split, bk = s, fit
         cfg = kernels.Config(block_m=bm, block_n=bn, block_k=bk, split_k=split, fused_reduce=True)
         return replace(cfg, **self.overrides)

@@ -3,6 +3,8 @@
 #   bash scripts/device/moe_down.sh [all|table|tune]
 # all: the tiling sweep (graph replay, TP1/TP4 x tokens 1/4/16; triton-htile then takes its winners), then every variant's table for
 # TP1 and TP4 x tokens 1,4,16,64,512, eager and graph-replayed. Logs and JSON go to $OUT.
+# par: the same on two GPUs at once: sweep TP1 on GPU 0 and TP4 on GPU 1, then the graph table on GPU 0 and the
+# eager table on GPU 1 (each table, with its copy anchor, from one GPU).
 set -u -o pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
@@ -10,12 +12,44 @@ OUT=${OUT:-/tmp/moe-down-out}
 MODE=${1:-all}
 TUNE_SECONDS=${TUNE_SECONDS:-150}
 mkdir -p "$OUT"
-bench() { local limit=$1; shift; PYTHONPATH=. timeout "$limit" python3 -m b70bench moe-down --backend cuda "$@"; }
+# BACKEND/MOE_ARGS/GRAPH= : a dry run of this script on the CPU (TRITON_INTERPRET=1, small --hidden/--intermediate).
+# shellcheck disable=SC2086
+bench() { local limit=$1; shift; PYTHONPATH=. timeout "$limit" "${PYTHON:-python3}" -m b70bench moe-down \
+  --backend "${BACKEND:-cuda}" ${MOE_ARGS:-} "$@"; }
 
 { date -u +%FT%TZ; nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw \
-    --format=csv; python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'
+    --format=csv; "${PYTHON:-python3}" -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'
 } > "$OUT/env.txt" 2>&1
 
+if [[ $MODE == par ]]; then
+  CUDA_VISIBLE_DEVICES=0 bench $((TUNE_SECONDS + 60)) --tune ${GRAPH---graph} --tp 1 --tokens 1 4 16 --repeat 10 \
+    --tune-seconds "$TUNE_SECONDS" --json "$OUT/tune-tp1.json" > "$OUT/tune-tp1.log" 2>&1 &
+  t1=$!
+  CUDA_VISIBLE_DEVICES=1 bench $((TUNE_SECONDS + 60)) --tune ${GRAPH---graph} --tp 4 --tokens 1 4 16 --repeat 10 \
+    --tune-seconds "$TUNE_SECONDS" --json "$OUT/tune-tp4.json" > "$OUT/tune-tp4.log" 2>&1 &
+  t4=$!
+  wait $t1; echo "tune tp1 rc=$?"; wait $t4; echo "tune tp4 rc=$?"
+  OUT="$OUT" "${PYTHON:-python3}" - <<'PY'
+import json, os
+out = os.environ["OUT"]
+recs, meta = [], {}
+for name in ("tune-tp1.json", "tune-tp4.json"):
+    try:
+        doc = json.load(open(os.path.join(out, name)))
+    except (OSError, ValueError):
+        continue
+    recs += doc["records"]
+    meta = {k: v for k, v in doc.items() if k != "records"}
+json.dump({**meta, "records": recs}, open(os.path.join(out, "tune.json"), "w"))
+print("merged", len(recs), "tuning rows")
+PY
+  TUNED=(); [[ -s $OUT/tune.json ]] && TUNED=(--tuned "$OUT/tune.json")
+  CUDA_VISIBLE_DEVICES=0 bench "${TABLE_SECONDS:-110}" "${TUNED[@]}" ${GRAPH---graph} --json "$OUT/graph.json" > "$OUT/graph.log" 2>&1 &
+  g=$!
+  CUDA_VISIBLE_DEVICES=1 bench "${TABLE_SECONDS:-110}" "${TUNED[@]}" --json "$OUT/eager.json" > "$OUT/eager.log" 2>&1 &
+  e=$!
+  wait $g; echo "graph rc=$?"; wait $e; echo "eager rc=$?"
+fi
 if [[ $MODE == all || $MODE == tune ]]; then
   bench $((TUNE_SECONDS + 120)) --tune --graph --tp 1 4 --tokens 1 4 16 --repeat 10 --tune-seconds "$TUNE_SECONDS" \
     --json "$OUT/tune.json" > "$OUT/tune.log" 2>&1; echo "tune rc=$?"
@@ -23,12 +57,12 @@ fi
 if [[ $MODE == all || $MODE == table ]]; then
   TUNED=(); [[ -s $OUT/tune.json ]] && TUNED=(--tuned "$OUT/tune.json")
   bench 240 "${TUNED[@]}" --json "$OUT/eager.json" > "$OUT/eager.log" 2>&1; echo "eager rc=$?"
-  bench 240 "${TUNED[@]}" --graph --json "$OUT/graph.json" > "$OUT/graph.log" 2>&1; echo "graph rc=$?"
+  bench 240 "${TUNED[@]}" ${GRAPH---graph} --json "$OUT/graph.json" > "$OUT/graph.log" 2>&1; echo "graph rc=$?"
 fi
 
 cat "$OUT/env.txt"
 tail -n 3 "$OUT"/*.log
-OUT="$OUT" python3 - <<'PY'
+OUT="$OUT" "${PYTHON:-python3}" - <<'PY'
 import json, os, collections
 out = os.environ["OUT"]
 def load(name):
