@@ -197,8 +197,12 @@ def _sources_diff(a: dict, b: dict) -> list[str]:
             fa, fb = a[mod]["functions"], b[mod]["functions"]
             changed = sorted(set(fa.items()) ^ set(fb.items()))
             moved = [lines for lines, _ in changed if lines in fb]
-            out.append(f"{mod}: file text differs ({len(moved)} traced function(s) changed or moved: "
-                       f"{', '.join(f'lines {x}' for x in moved[:6]) or 'none'})")
+            if moved:
+                out.append(f"{mod}: file text differs ({len(moved)} traced function(s) changed or moved: "
+                           f"{', '.join(f'lines {x}' for x in moved[:6])})")
+            else:
+                out.append(f"{mod}: file text differs outside every traced function (moves the 10-hex "
+                           f"piecewise key, which hashes whole files; not the AOT key)")
     return out
 
 
