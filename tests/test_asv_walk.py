@@ -16,7 +16,8 @@ published regressions.json names commit 2 on the cache-key figure and commit 3 o
 output token; commit 4 fails naming its patch; the environment's vLLM is RECORD-pristine after.
 Then Chromium (Debian's, scripts/install-chromium.sh) renders the regressions page from a
 localhost server (asv's page loads jQuery/Flot from CDNs; scripts/asv_site_offline.py points
-it at Debian's packaged copies, since CI machines have no internet); B70BENCH_KEEP_RESULTS=1 copies the screenshot and a summary into results/.
+it at Debian's packaged copies, since CI machines have no internet). B70BENCH_KEEP_RESULTS=1
+copies the screenshot, a summary and the published site into results/.
 """
 
 from __future__ import annotations
