@@ -364,6 +364,25 @@ def measure(dev=None, *, shape: str = DEFAULT_SHAPE, pins_path: str | os.PathLik
     finally:
         shutil.rmtree(root, ignore_errors=True)
     run = recs[-1]
+    rec = from_decode_record(run, keys, pins_path=pins_path, machine=machine, auto_pin=auto_pin)
+    commit = (run.get("fingerprint") or {}).get("commit")
+    if commit:
+        out = Path(records_dir) if records_dir else default_records_dir()
+        records.write_json(out / (machine or platform.node()) / commit / "cachekey.json", [rec])
+    return [rec]
+
+
+def from_decode_record(run: dict, keys: list[dict] | None = None, *, pins_path=None, machine: str | None = None,
+                       auto_pin: bool = True) -> dict:
+    """The cache-key record for a decode run that already happened (no extra vLLM start).
+
+    keys: the described keys if the run's cache directory was read; else they are taken from
+    the directory, when it still exists, or from the paths vLLM logged.
+    """
+    from b70bench import records
+
+    if not keys and run.get("cache_dir") and Path(run["cache_dir"]).is_dir():
+        keys = find_keys(run["cache_dir"])
     if not keys:
         keys = keys_from_paths(run.get("cache_keys") or [])
     found = {"aot": primary(keys, "aot"), "piecewise": primary(keys, "piecewise")}
@@ -376,7 +395,7 @@ def measure(dev=None, *, shape: str = DEFAULT_SHAPE, pins_path: str | os.PathLik
         write_pin(pins_path, ident, found, commit=fp.get("commit"), patch_set_hash=fp.get("patch_set_hash"))
         pinned, pinned_now = found, True
     d = differs(found, pinned)
-    rec = records.record(
+    return records.record(
         "cache-key", shape=run.get("shape"), config=config_id(run), machine=machine or platform.node(),
         aot_key=found["aot"], piecewise_key=found["piecewise"],
         pinned_aot_key=(pinned or {}).get("aot"), pinned_piecewise_key=(pinned or {}).get("piecewise"),
@@ -388,11 +407,6 @@ def measure(dev=None, *, shape: str = DEFAULT_SHAPE, pins_path: str | os.PathLik
         log_path=run.get("log_path"), keys=keys, env_factors=_env_factors(),
         config_fields={k: run.get(k) for k in ("model", "dtype", "tp", "max_model_len", "memory_fraction")},
         fingerprint=fp)
-    commit = fp.get("commit")
-    if commit:
-        out = Path(records_dir) if records_dir else default_records_dir()
-        records.write_json(out / (machine or platform.node()) / commit / "cachekey.json", [rec])
-    return [rec]
 
 
 # ---------------------------------------------------------------- CLI

@@ -182,3 +182,26 @@ def test_unavailable_without_vllm_names_the_install(monkeypatch):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
     assert "pip install" in cachekey.unavailable_reason(device.Device("cpu"))
+
+
+def test_from_decode_record_pins_first_key_then_flags_a_change(tmp_path):
+    pins = tmp_path / "pins.json"
+    fp = {"vllm": "0.32.0", "torch": "2.13.0+cpu", "commit": "c1", "patch_set_hash": "p1"}
+    run = {"shape": "p128n64b1", "model": "tiny", "dtype": "bfloat16", "tp": 1, "max_model_len": 2048,
+           "s_per_output_token": 0.002, "samples_s_per_output_token": [0.002, 0.0021], "fingerprint": fp}
+    write_aot(tmp_path / "a", AOT_A, 385, MODEL_SRC)
+    first = cachekey.from_decode_record({**run, "cache_dir": str(tmp_path / "a" / "torch_compile_cache")},
+                                        pins_path=pins, machine="box")
+    assert first["aot_key"] == AOT_A and first["aot_differs"] == 0 and first["pinned_now"] is True
+    assert first["piecewise_differs"] is None and first["samples_s_per_output_token"] == [0.002, 0.0021]
+    # The cache directory is gone (a scratch cache): the key comes from the path vLLM logged.
+    second = cachekey.from_decode_record(
+        {**run, "cache_dir": str(tmp_path / "gone"),
+         "cache_keys": [f"/x/torch_compile_cache/torch_aot_compile/{AOT_B}/rank_0_0/model"]},
+        pins_path=pins, machine="box")
+    assert second["aot_key"] == AOT_B and second["aot_differs"] == 1 and second["pinned_now"] is False
+    assert second["pinned_aot_key"] == AOT_A
+    logged = [f"/x/torch_compile_cache/torch_aot_compile/{AOT_B}/rank_0_0/model"]
+    other_config = cachekey.from_decode_record({**run, "max_model_len": 4096, "cache_keys": logged},
+                                               pins_path=pins, machine="box")
+    assert other_config["aot_differs"] == 0  # another config gets its own pin
