@@ -777,7 +777,9 @@ def main(argv: list[str] | None = None) -> int:
     """`python -m b70bench.patches ACTION`: the same command without importing torch or the other suites,
     for asv's install/uninstall commands and for environments where b70bench is not installed."""
     parser = argparse.ArgumentParser(prog="python -m b70bench.patches")
-    register(parser.add_subparsers(dest="command", required=True))
+    sub = parser.add_subparsers(dest="command", required=True)
+    register(sub)
+    sub.choices["patches"].prog = "python -m b70bench.patches"
     args = parser.parse_args(["patches", *(sys.argv[1:] if argv is None else argv)])
     try:
         return run(args)
