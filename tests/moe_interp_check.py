@@ -15,14 +15,16 @@ shape = shapes.MoeShape(hidden=64, intermediate=256, experts=8, topk=2)
 dev = device.Device("cpu")
 C = kernels.Config
 # (dtype, tokens, tiling): the elementwise (decode) kernel with 1 and 2 pairs per block, K-blocks
-# within and across scale groups, tl.dot, split-K, both reductions. tl.dot cases use fp16:
+# within and across scale groups, tl.dot per nibble plane (16) and over the K-block (32+), split-K,
+# both reductions. tl.dot cases use fp16:
 # Triton 3.9's interpreter mis-evaluates bf16 dots (the GPU path is checked on the device).
 cases = [
     ("bf16", 1, C(block_m=1, block_n=64, block_k=128)),
     ("bf16", 3, C(block_m=2, block_n=32, block_k=64, split_k=2, fused_reduce=True)),
     ("bf16", 3, C(block_m=2, block_n=32, block_k=256, num_warps=8)),
     ("fp16", 9, C(block_m=16, block_n=32, block_k=128, split_k=2)),
-    ("fp16", 9, C(block_m=32, block_n=64, block_k=128, fused_reduce=True)),
+    ("fp16", 9, C(block_m=32, block_n=64, block_k=128, fused_reduce=True)),  # 32+: one interleaved dot
+    ("fp16", 160, C(block_m=32, block_n=32, block_k=128, split_k=2)),  # several blocks per expert, split K
     ("fp16", 2, None),  # the triton variant's own choice
     ("bf16", 2, "htile"),
 ]

@@ -7,12 +7,15 @@ packed weights once for all its pairs. Each program writes routing-weighted fp32
 kernel (`_moe_sum`) or done in-kernel by the last program to finish a (token, N-tile),
 found with an atomic counter (FUSED_REDUCE), which saves a launch.
 
-The nibbles are never interleaved back into K order. Word row r of a K-block holds
+Below 32 pairs per block the nibbles are never interleaved back into K order. Word row r of a K-block holds
 k = k0 + 8r + j in nibble j, so the block is eight [BLOCK_K/8, BLOCK_N] weight planes in the
 loaded tile's own layout, each multiplied by the activations at the matching stride-8
 columns. The register tile is used as loaded: no shared-memory round trip, no barrier
 between K-blocks. Decode (1-2 pairs per block) accumulates elementwise products into a
 [BLOCK_M, BLOCK_K/8, BLOCK_N] fp32 tile and reduces it over the word rows once, at the end.
+Blocks of 16 pairs take one tensor-core dot per nibble plane. Blocks of 32+ pairs (prefill)
+do interleave: one dot over the whole K-block, which at that size is cheaper than the eight
+K=16 plane dots it replaces (each goes through shared memory; 2-2.4x slower at 512 tokens).
 """
 
 from __future__ import annotations
@@ -98,6 +101,19 @@ def _reduce_tokens(pairs, m_ok, offs_n, n_ok, pid_n, part_ptr, out_ptr, cnt_ptr,
 
 
 @triton.jit
+def _finish_rows(acc, pairs, m_ok, offs_n, n_ok, pid_n, pid_k, rw_ptr, part_ptr, out_ptr, cnt_ptr, P, N, n_tiles,
+                 TOPK: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 FUSED_REDUCE: tl.constexpr):
+    """A dot block's epilogue: routing-weighted fp32 partials out, then (FUSED_REDUCE) the token sum."""
+    acc = acc * tl.load(rw_ptr + pairs, mask=m_ok, other=0.0)[:, None]
+    ok = m_ok[:, None] & n_ok[None, :]
+    tl.store(part_ptr + pid_k * P * N + pairs.to(tl.int64)[:, None] * N + offs_n[None, :], acc, mask=ok)
+    if FUSED_REDUCE:
+        _reduce_tokens(pairs, m_ok, offs_n, n_ok, pid_n, part_ptr, out_ptr, cnt_ptr, P, N, n_tiles,
+                       TOPK, SPLIT_K, BLOCK_M, BLOCK_N)
+
+
+@triton.jit
 def _scales(sc_base, k0, rows, offs_n, n_ok, N, GROUP: tl.constexpr):
     """fp32 scales of each word row's group, [BLOCK_K/8, BLOCK_N]: the words' own shape and
     layout, so applying them needs no layout conversion (a [BLOCK_N] row would go through
@@ -178,7 +194,7 @@ def _moe_down_dot(x_ptr, qw_ptr, sc_ptr, pair_ptr, blk_expert_ptr, rw_ptr, part_
                   P, N, K, n_tiles,
                   TOPK: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                   BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, FUSED_REDUCE: tl.constexpr, ASM: tl.constexpr):
-    """16+ pairs per block: eight tensor-core dots per K-block, one per nibble plane
+    """16-31 pairs per block: eight tensor-core dots per K-block, one per nibble plane
     (K = BLOCK_K/8 word rows each), BLOCK_K within one scale group."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -208,12 +224,46 @@ def _moe_down_dot(x_ptr, qw_ptr, sc_ptr, pair_ptr, blk_expert_ptr, rw_ptr, part_
             # Small integers, exact in fp16/bf16.
             blk = tl.dot(xj, _plane(q, q_hi, j, ASM).to(xj.dtype), blk)
         acc += blk * s
-    acc = acc * tl.load(rw_ptr + pairs, mask=m_ok, other=0.0)[:, None]
-    ok = m_ok[:, None] & n_ok[None, :]
-    tl.store(part_ptr + pid_k * P * N + pairs.to(tl.int64)[:, None] * N + offs_n[None, :], acc, mask=ok)
-    if FUSED_REDUCE:
-        _reduce_tokens(pairs, m_ok, offs_n, n_ok, pid_n, part_ptr, out_ptr, cnt_ptr, P, N, n_tiles,
-                       TOPK, SPLIT_K, BLOCK_M, BLOCK_N)
+    _finish_rows(acc, pairs, m_ok, offs_n, n_ok, pid_n, pid_k, rw_ptr, part_ptr, out_ptr, cnt_ptr, P, N, n_tiles,
+                 TOPK, SPLIT_K, BLOCK_M, BLOCK_N, FUSED_REDUCE)
+
+
+@triton.jit
+def _moe_down_wide(x_ptr, qw_ptr, sc_ptr, pair_ptr, blk_expert_ptr, rw_ptr, part_ptr, out_ptr, cnt_ptr,
+                   P, N, K, n_tiles,
+                   TOPK: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                   BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, FUSED_REDUCE: tl.constexpr, ASM: tl.constexpr):
+    """32+ pairs per block (prefill): the words are unpacked into K order (a layout conversion
+    through shared memory, once per K-block) for one BLOCK_K-deep dot, BLOCK_K within one scale
+    group. ASM is unused (same signature as the other kernels)."""
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    pid_k = tl.program_id(2)
+    expert = tl.load(blk_expert_ptr + pid_m).to(tl.int64)
+    pairs = tl.load(pair_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
+    m_ok = pairs < P
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < N
+    rows = tl.arange(0, BLOCK_K // PACK_C)
+    shifts = tl.arange(0, PACK_C) * 4
+    k_per = K // SPLIT_K
+    k_lo = pid_k * k_per
+    qw_base = qw_ptr + expert * (K // PACK_C) * N
+    sc_base = sc_ptr + expert * (K // GROUP) * N
+    x_rows = x_ptr + pairs.to(tl.int64)[:, None] * K
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for kk in range(0, k_per, BLOCK_K):
+        k0 = k_lo + kk
+        x = tl.load(x_rows + (k0 + tl.arange(0, BLOCK_K))[None, :], mask=m_ok[:, None], other=0.0)
+        q = _load_words(qw_base, k0, rows, offs_n, n_ok, N)
+        nib = (q[:, None, :] >> shifts[None, :, None]) & 0xF  # [BLOCK_K/8, 8, BLOCK_N]: k = k0 + 8r + j
+        # Small integers, exact in fp16/bf16; through fp32 because Triton's interpreter bit-casts
+        # int32 -> bf16 instead of converting.
+        w = tl.reshape(nib - 8, (BLOCK_K, BLOCK_N)).to(tl.float32).to(x.dtype)
+        s = tl.load(sc_base + (k0 // GROUP) * N + offs_n[None, :], mask=n_ok[None, :], other=0.0).to(tl.float32)
+        acc += tl.dot(x, w) * s
+    _finish_rows(acc, pairs, m_ok, offs_n, n_ok, pid_n, pid_k, rw_ptr, part_ptr, out_ptr, cnt_ptr, P, N, n_tiles,
+                 TOPK, SPLIT_K, BLOCK_M, BLOCK_N, FUSED_REDUCE)
 
 
 @triton.jit
@@ -247,6 +297,10 @@ class Config:
 
 
 DOT_MIN_M = 16  # tl.dot needs 16 rows; fewer pairs per block use the elementwise product instead
+# From 32 pairs per block one interleaved dot per K-block beats eight per-plane dots (H200 graph replay, bf16:
+# 512 tokens, BLOCK_M 32: 736 vs 1763 us at TP1, 240 vs 480 us at TP4); at 16 the planes won (64 tokens: 224
+# vs 302 us at TP1, 67 vs 92 us at TP4). results/moe-down-h200.md, runs 1 and 3.
+WIDE_MIN_M = 32
 DOT_K = 16 * PACK  # a dot's K is the block's word rows: 16 of them at least
 # Budget of the elementwise path's tiles by fp32_tile_regs; ptxas used ~1.5x this estimate in
 # total (94 for m1n128k128w4, 168 for m2n128k128w4; sm_90, Triton 3.9), no spills.
@@ -342,9 +396,9 @@ def prepare(cfg: Config, qweight, scales, group: int, batch, out: torch.Tensor):
     cnt = torch.zeros((t, n_tiles), dtype=torch.int32, device=dev)
     grid = (block_expert.numel(), n_tiles, cfg.split_k)
     if uses_dot(bm, cfg.block_k, group):
-        kernel, extra = _moe_down_dot, {}
+        kernel = _moe_down_wide if bm >= WIDE_MIN_M else _moe_down_dot
     elif bm <= 2:
-        kernel, extra = _moe_down_vec, {}
+        kernel = _moe_down_vec
     else:
         raise ValueError(f"block_m {bm}: 1 or 2 pairs per block, or 16+ with a {DOT_K}-deep K-block in one group")
     interpreted = os.environ.get("TRITON_INTERPRET") == "1"  # the interpreter runs no inline PTX
@@ -355,7 +409,7 @@ def prepare(cfg: Config, qweight, scales, group: int, batch, out: torch.Tensor):
         kernel[grid](x, qweight, scales, pair_ids, block_expert, rw, part, out, cnt, p, n, k, n_tiles,
                      TOPK=topk, GROUP=group, BLOCK_M=bm, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
                      SPLIT_K=cfg.split_k, FUSED_REDUCE=cfg.fused_reduce,
-                     ASM=not interpreted, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **extra)
+                     ASM=not interpreted, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
         if not cfg.fused_reduce:
             _moe_sum[sum_grid](part, out, p, n, TOPK=topk, SPLIT_K=cfg.split_k, BLOCK=sum_block, num_warps=4)
         return out
