@@ -73,7 +73,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shape", default="p512n512")
     ap.add_argument("--pairs", type=int, default=3)
-    ap.add_argument("--iterations", type=int, default=5)
+    ap.add_argument("--iterations", type=int, default=20)
     ap.add_argument("--model", default=None, help="default: the embedded tiny MiniMax-M2")
     ap.add_argument("--max-model-len", type=int, default=2048)
     ap.add_argument("--memory-fraction", type=float, default=0.2)
@@ -101,6 +101,7 @@ def main(argv=None) -> int:
                     raise RuntimeError(f"suite run failed: {rec['error']}")
                 row["suite_s_per_output_token"] = rec["s_per_output_token"]
                 row["suite_s_per_output_token_median"] = rec["s_per_output_token_median"]
+                row["suite_foreign_cpu_share"] = rec.get("foreign_cpu_share")
             else:
                 res = run_latency(model, prompt_len, output_len, batch, args.iterations, args.max_model_len, dtype,
                                   args.memory_fraction, cache_root, work / f"latency{pair}.log", args.timeout)
