@@ -34,13 +34,13 @@ import secrets
 import shutil
 import subprocess
 import sys
-import tempfile
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 
 from b70bench import unidiff
 from b70bench.errors import UsageError
+from b70bench.records import atomic_write_bytes
 
 STATE_NAME = "b70bench-patch-state.json"  # == fingerprint.PATCH_STATE_FILE.name (not imported: no torch here)
 WORK_NAME = "b70bench-patches"  # journal, backups and lock, inside the environment
@@ -62,23 +62,6 @@ def sha256_file(path: Path) -> str | None:
 
 def _sha(data: bytes | None) -> str | None:
     return None if data is None else hashlib.sha256(data).hexdigest()
-
-
-def atomic_write_bytes(path: Path, data: bytes, mode: int | None = None) -> None:
-    """Write via a temp file and rename: readers see the old bytes or the new, never half."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".b70tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        if mode is not None:
-            os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
 
 
 def _write_json(path: Path, obj) -> None:

@@ -20,15 +20,18 @@ def record(suite: str, fingerprint: dict | None = None, **fields) -> dict:
     return row
 
 
-def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+def atomic_write_bytes(path: str | os.PathLike, data: bytes, mode: int | None = None) -> None:
+    """Write via a temp file and rename: readers see the old bytes or the new, never half."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
+        if mode is not None:
+            os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -36,6 +39,10 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
         except FileNotFoundError:
             pass
         raise
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    atomic_write_bytes(path, text.encode())
 
 
 def write_json(path: str | os.PathLike, records: list[dict], **extra) -> None:
