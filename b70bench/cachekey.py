@@ -376,15 +376,22 @@ def from_decode_record(run: dict, keys: list[dict] | None = None, *, pins_path=N
                        auto_pin: bool = True) -> dict:
     """The cache-key record for a decode run that already happened (no extra vLLM start).
 
-    keys: the described keys if the run's cache directory was read; else they are taken from
-    the directory, when it still exists, or from the paths vLLM logged.
+    keys: the described keys if the run's cache directory was read; else the keys vLLM logged,
+    described from the run's cache directory where it still holds them.
     """
     from b70bench import records
 
-    if not keys and run.get("cache_dir") and Path(run["cache_dir"]).is_dir():
-        keys = find_keys(run["cache_dir"])
     if not keys:
+        # What this run chose is what vLLM logged: a persistent cache directory also holds the keys
+        # of earlier commits. The directory only adds descriptions (traced files) of those keys.
         keys = keys_from_paths(run.get("cache_keys") or [])
+        chosen = {k["key"] for k in keys}
+        if chosen and run.get("cache_dir") and Path(run["cache_dir"]).is_dir():
+            described = [k for k in find_keys(run["cache_dir"]) if k["key"] in chosen]
+            if {k["key"] for k in described} == chosen:
+                keys = described
+        elif not chosen and run.get("cache_dir") and Path(run["cache_dir"]).is_dir():
+            keys = find_keys(run["cache_dir"])  # nothing logged: the directory is all there is
     found = {"aot": primary(keys, "aot"), "piecewise": primary(keys, "piecewise")}
     pins_path = Path(pins_path) if pins_path else default_pins_path()
     ident = pin_id(machine, config_id(run))

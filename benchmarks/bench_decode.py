@@ -9,7 +9,7 @@ start of the embedded tiny MiniMax-M2); GPUs get the seeds' shapes. B70BENCH_DEC
 import math
 import os
 
-from b70bench import decode
+from b70bench import cachekey, decode
 
 from .common import select_device, skip_if
 
@@ -54,7 +54,8 @@ class Decode:
         skip_if(decode.unavailable_reason(dev))
         recs = decode.measure(self.params[0], model=os.environ.get("B70BENCH_DECODE_MODEL") or None, runs=1,
                               cold=False, iterations=10, device=dev)
-        return {r["shape"]: r for r in recs}
+        # The compile-cache key comes from the same start: one vLLM start per commit and shape.
+        return {r["shape"]: dict(r, cache_key=cachekey.from_decode_record(r)) for r in recs}
 
     setup_cache.timeout = 3600
 
@@ -89,3 +90,15 @@ class Decode:
         return _figure(cache[shape], "gate")
 
     track_gate.unit = "fail"
+
+    def track_aot_key_differs_from_pin(self, cache, shape):
+        """0: vLLM chose the pinned AOT graph for this machine and config; 1: another (an upward step)."""
+        return _figure(cache[shape]["cache_key"], "aot_differs")
+
+    track_aot_key_differs_from_pin.unit = "changed"
+
+    def track_piecewise_key_differs_from_pin(self, cache, shape):
+        """The same for the 10-hex piecewise key; NaN where vLLM writes none (the CPU)."""
+        return _figure(cache[shape]["cache_key"], "piecewise_differs")
+
+    track_piecewise_key_differs_from_pin.unit = "changed"

