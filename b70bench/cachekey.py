@@ -349,7 +349,7 @@ def measure(dev=None, *, shape: str = DEFAULT_SHAPE, pins_path: str | os.PathLik
     oldest first when given a hash file in that order; `b70bench cache-key pin` re-pins).
     The record is also saved under records_dir/<machine>/<commit>/cachekey.json for `explain`.
     """
-    from b70bench import decode, records
+    from b70bench import decode
     from b70bench import device as devmod
 
     dev = dev or devmod.select()
@@ -365,11 +365,18 @@ def measure(dev=None, *, shape: str = DEFAULT_SHAPE, pins_path: str | os.PathLik
         shutil.rmtree(root, ignore_errors=True)
     run = recs[-1]
     rec = from_decode_record(run, keys, pins_path=pins_path, machine=machine, auto_pin=auto_pin)
+    save(rec, run, records_dir=records_dir, machine=machine)
+    return [rec]
+
+
+def save(rec: dict, run: dict, *, records_dir=None, machine: str | None = None) -> None:
+    """Keep the record under records_dir/<machine>/<commit>/cachekey.json, for `explain COMMIT COMMIT`."""
+    from b70bench import records
+
     commit = (run.get("fingerprint") or {}).get("commit")
     if commit:
         out = Path(records_dir) if records_dir else default_records_dir()
         records.write_json(out / (machine or platform.node()) / commit / "cachekey.json", [rec])
-    return [rec]
 
 
 def from_decode_record(run: dict, keys: list[dict] | None = None, *, pins_path=None, machine: str | None = None,

@@ -55,7 +55,11 @@ class Decode:
         recs = decode.measure(self.params[0], model=os.environ.get("B70BENCH_DECODE_MODEL") or None, runs=1,
                               cold=False, iterations=10, device=dev)
         # The compile-cache key comes from the same start: one vLLM start per commit and shape.
-        return {r["shape"]: dict(r, cache_key=cachekey.from_decode_record(r)) for r in recs}
+        out = {}
+        for r in recs:
+            out[r["shape"]] = dict(r, cache_key=cachekey.from_decode_record(r))
+            cachekey.save(out[r["shape"]]["cache_key"], r)
+        return out
 
     setup_cache.timeout = 3600
 
