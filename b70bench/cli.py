@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import signal
 import sys
 
 from b70bench import __version__
@@ -59,7 +60,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _terminate(signum, _frame):
+    # Unwind like Ctrl-C, so the suites' finally blocks kill and reap their child process groups
+    # (vLLM engines, allreduce ranks) instead of leaving them orphaned.
+    raise SystemExit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> int:
+    signal.signal(signal.SIGTERM, _terminate)
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):

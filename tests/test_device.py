@@ -99,3 +99,39 @@ def test_select_makes_the_chosen_gpu_current(monkeypatch):
     monkeypatch.setattr(device, "_module", lambda b: fake if b != "cpu" else None)
     dev = device.select("cuda", 1)
     assert dev.index == 1 and FakeCuda.current == 1
+
+
+def test_sigterm_unwinds_so_children_are_reaped(tmp_path):
+    # A child started by a command must not outlive `kill <b70bench pid>`.
+    import os
+    import signal
+    import time
+
+    script = tmp_path / "hold.py"
+    pidfile = tmp_path / "child.pid"
+    script.write_text(
+        "import subprocess, sys, time\n"
+        "from b70bench import cli\n"
+        "def hold(args):\n"
+        "    p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+        f"    open({str(pidfile)!r}, 'w').write(str(p.pid))\n"
+        "    try:\n"
+        "        time.sleep(60)\n"
+        "    finally:\n"
+        "        p.kill(); p.wait()\n"
+        "parser = cli.build_parser\n"
+        "def build():\n"
+        "    ap = parser(); sub = ap._subparsers._group_actions[0]\n"
+        "    sub.add_parser('hold').set_defaults(func=hold); return ap\n"
+        "cli.build_parser = build\n"
+        "sys.exit(cli.main(['hold']))\n")
+    proc = subprocess.Popen([sys.executable, str(script)])
+    deadline = time.monotonic() + 60
+    while not pidfile.exists() or not pidfile.read_text():
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.1)
+    child = int(pidfile.read_text())
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 128 + signal.SIGTERM
+    with pytest.raises(ProcessLookupError):
+        os.kill(child, 0)
