@@ -153,7 +153,9 @@ def regressions(html: Path) -> dict[str, list[tuple[str, str]]]:
     for name, _graph, _params, _j, _last, _best, jumps in data["regressions"]:
         # A jump is (last good revision or None when the range is one commit, first bad revision, before, after).
         for good, bad, _before, _after in jumps:
-            out.setdefault(name, []).append((rev_to_hash[bad], rev_to_hash.get(good) if good is not None else None))
+            # Parameterized benchmarks are listed as name('param', ...): key them by the bare name.
+            last_good = rev_to_hash.get(good) if good is not None else None
+            out.setdefault(name.split("(", 1)[0], []).append((rev_to_hash[bad], last_good))
     return out
 
 
