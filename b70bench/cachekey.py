@@ -138,6 +138,9 @@ def keys_from_paths(paths) -> list[dict]:
     """Keys named by log lines or record paths, when the directories themselves are gone."""
     out = []
     for p in paths:
+        # Decode records hold the bare keys their log named; log lines and saved records hold paths.
+        if re.fullmatch(r"[0-9a-f]{64}|[0-9a-f]{10}", str(p)):
+            p = f"torch_aot_compile/{p}" if len(str(p)) == 64 else f"torch_compile_cache/{p}"
         for kind, rx in (("aot", AOT_DIR_RE), ("piecewise", PIECEWISE_DIR_RE)):
             if (m := rx.search(str(p) + "/")) and not any(k["key"] == m.group(1) for k in out):
                 out.append({"kind": kind, "key": m.group(1), "path": str(p)})

@@ -339,3 +339,7 @@ def test_asv_adapter_cache_key_figures_come_from_the_decode_run(tmp_path):
         (shared / key / "rank_0_0").mkdir(parents=True)
     back = cachekey.from_decode_record({**run, "cache_dir": str(tmp_path)}, pins_path=pins, machine="m")
     assert back["aot_key"] == key_a and b.track_aot_key_differs_from_pin({"s": {"cache_key": back}}, "s") == 0
+    # Decode records name the keys their log showed as bare hex (logs.parse): the same must hold.
+    bare = cachekey.from_decode_record({**run, "cache_keys": [key_b], "cache_dir": str(tmp_path)}, pins_path=pins,
+                                       machine="m")
+    assert bare["aot_key"] == key_b and b.track_aot_key_differs_from_pin({"s": {"cache_key": bare}}, "s") == 1
