@@ -173,7 +173,9 @@ FAKE_CHILD = textwrap.dedent(f"""\
     mode = spec["mode"]
     if mode == "ok":
         print({RESULT_PREFIX!r} + json.dumps({{"ok": True, "latencies_s": [0.2, 0.1, 0.3], "itl_s": [0.01] * 9,
-              "ttft_s": [0.05], "token_sha256": spec.get("sha", "ab"), "peak_memory_bytes": 1}}), flush=True)
+              "ttft_s": [0.05], "token_sha256": spec.get("sha", "ab"), "peak_memory_bytes": 1,
+              "canaries": [{{**c, "text": spec.get("text", "")}} for c in spec.get("canaries", [])],
+              "canaries_skipped": spec.get("skip")}}), flush=True)
     elif mode == "crash":
         print("ValueError: Available memory is less than requested memory for kv", file=sys.stderr, flush=True)
         raise SystemExit(1)

@@ -1,10 +1,10 @@
 """One vLLM run in a fresh process: `python -m b70bench.decode.child SPEC.json`.
 
 Started by runner.py in its own process group. Starts the offline `LLM` engine, decodes the
-quality-gate prompts greedily, times `iterations` batches of the benchmark shape with
-`LLM.generate` (the call `vllm.benchmarks.latency` times), then streams `stream_iterations`
-more through the engine step by step to see when each token arrives (TTFT and inter-token
-latency). Prints exactly one line starting with RESULT_PREFIX, JSON, and exits.
+quality-gate prompts greedily (and any text canaries, canary.py), times `iterations` batches of
+the benchmark shape with `LLM.generate` (the call `vllm.benchmarks.latency` times), then
+streams `stream_iterations` more through the engine step by step to see when each token arrives
+(TTFT and inter-token latency). Prints exactly one line starting with RESULT_PREFIX, JSON, and exits.
 """
 
 from __future__ import annotations
@@ -161,6 +161,12 @@ def run(spec: dict) -> dict:
         ids = [list(o.outputs[0].token_ids) for o in outs]
         result["gate_token_ids"] = ids
         result["token_sha256"] = gate.token_sha256(ids)
+    if spec.get("canaries"):
+        from b70bench.decode import canary
+
+        trust = bool((spec.get("engine_args") or {}).get("trust_remote_code"))
+        result["canaries"], result["canaries_skipped"] = canary.run_in_engine(
+            llm, spec["canaries"], spec.get("tokenizer") or spec["model"], trust)
 
     prompts = bench_prompts(spec["prompt_len"], spec["batch"], vocab)
     tprompts = [TokensPrompt(prompt_token_ids=p) for p in prompts]

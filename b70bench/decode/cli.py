@@ -7,7 +7,7 @@ from pathlib import Path
 
 from b70bench import cli, records
 from b70bench import device as devmod
-from b70bench.decode import gate, suite
+from b70bench.decode import canary, gate, suite
 from b70bench.decode import hooks as hooksmod
 from b70bench.fingerprint import fingerprint
 
@@ -33,14 +33,22 @@ def _loud(rec: dict) -> None:
     if rec.get("gate") == gate.FAIL:
         bar = "!" * 78
         print(f"{bar}\n!! {rec['shape']} run {rec['run']}: {msg}\n{bar}", file=sys.stderr, flush=True)
-    elif msg and rec.get("gate") is None:
+    elif msg and (rec.get("gate") is None or rec.get("canaries_skipped")):
         print(f"note: {msg}", file=sys.stderr, flush=True)
+
+
+def _canary_lines(rec: dict) -> None:
+    for c in rec.get("canaries") or []:
+        state = {True: "pass", False: "FAIL", None: "recorded"}[c["passed"]]
+        want = f" (expects {c['expected']!r})" if c["expected"] is not None else ""
+        print(f"  canary [{state}] {c['prompt']!r} -> {c['text']!r}{want}", file=sys.stderr, flush=True)
 
 
 def _progress(rec: dict) -> None:
     state = "ok" if rec["ok"] else f"FAILED: {rec['error']}"
     print(f"[decode] {rec['shape']} {'cold' if rec['cold'] else 'warm'} run {rec['run']}: {state} "
           f"(log {rec['log_path']})", file=sys.stderr, flush=True)
+    _canary_lines(rec)
     _loud(rec)
 
 
@@ -61,6 +69,7 @@ def accept(recs: list[dict], gate_file: Path | None) -> int:
 def run(args) -> int:
     dev = devmod.select(args.backend, args.device_index)
     env = dict(kv.split("=", 1) for kv in args.env or [] if "=" in kv)
+    canaries = (canary.load(args.canaries) if args.canaries else []) + [canary.parse(c) for c in args.canary or []]
     out_dir = args.out_dir
     if out_dir is None and args.json and args.json != "-":
         out_dir = str(Path(args.json).with_suffix("")) + "-logs"  # the logs stay next to the results
@@ -68,7 +77,8 @@ def run(args) -> int:
         args.shapes or None, model=args.model, batch=args.batch, tp=args.tp, dtype=args.dtype,
         max_model_len=args.max_model_len, memory_fraction=args.memory_fraction, env=env, env_file=args.env_file,
         engine_args=suite.parse_engine_args(args.engine_arg), runs=args.runs, cold=not args.no_cold,
-        iterations=args.iterations, hooks=[hooksmod.resolve(h) for h in args.hook or []], out_dir=out_dir,
+        iterations=args.iterations, canaries=canaries, tokenizer=args.tokenizer,
+        hooks=[hooksmod.resolve(h) for h in args.hook or []], out_dir=out_dir,
         timeout_s=args.timeout, gate_file=args.gate_file, device=dev, on_record=_progress)
     print(records.format_table(recs, COLUMNS))
     summary = warm_summary(recs)
@@ -106,6 +116,12 @@ def register(sub) -> None:
     p.add_argument("--iterations", type=int, default=10, help="timed generate calls per run (fastest reported)")
     p.add_argument("--hook", action="append", metavar="NAME",
                    help=f"in-process patch for the run ({', '.join(hooksmod.KNOWN)} or module:function)")
+    p.add_argument("--canary", action="append", metavar="PROMPT=>EXPECTED",
+                   help="text canary: greedy continuation of PROMPT must contain EXPECTED (fails the gate "
+                        "otherwise); PROMPT alone records the text. Needs a tokenizer (the embedded model has one)")
+    p.add_argument("--canaries", default=None, metavar="FILE",
+                   help='canaries file: JSON [{"prompt", "expected", "max_tokens"}] or PROMPT=>EXPECTED lines')
+    p.add_argument("--tokenizer", default=None, help="tokenizer path for the canaries (default: the model's)")
     p.add_argument("--timeout", type=float, default=suite.DEFAULT_TIMEOUT_S, help="seconds per run before it is killed")
     p.add_argument("--out-dir", default=None, help="where vLLM logs go (default: next to --json, else ~/.cache)")
     p.add_argument("--gate-file", default=None, help=f"pinned hashes (default {gate.GATES_FILE})")

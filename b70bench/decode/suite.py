@@ -12,9 +12,10 @@ from pathlib import Path
 
 from b70bench import device as devmod
 from b70bench import records, timing
-from b70bench.decode import gate, logs, runner
+from b70bench.decode import canary, gate, logs, runner
 from b70bench.decode import hooks as hooksmod
 from b70bench.decode import model as modelmod
+from b70bench.decode import tokenizer as tokmod
 from b70bench.errors import UsageError
 from b70bench.fingerprint import dist_version, fingerprint
 
@@ -76,6 +77,21 @@ def parse_engine_args(items: list[str] | None) -> dict:
     return out
 
 
+def _tokenizer_for(canaries: list[dict], tokenizer: str | None, embedded: bool, model_path: str) -> str | None:
+    """Where the canaries' tokenizer comes from; a local model without one is refused before any start."""
+    if not canaries:
+        return None
+    if tokenizer:
+        path = Path(tokenizer).expanduser()
+        return str(path.resolve()) if path.exists() else tokenizer
+    if embedded:
+        return str(tokmod.ensure(Path(model_path), modelmod.embedded_config()))
+    if canary.local_without_tokenizer(model_path):
+        raise UsageError(f"text canaries need a tokenizer and {model_path} has none "
+                         f"({', '.join(canary.TOKENIZER_FILES)}): pass --tokenizer DIR or drop the canaries")
+    return model_path
+
+
 def _cache_is_empty(root: Path) -> bool:
     compile_dir = root / "torch_compile_cache"
     return not compile_dir.exists() or not any(compile_dir.iterdir())
@@ -121,6 +137,23 @@ def _figures(result: dict, prompt_len: int, output_len: int, batch: int) -> dict
     }
 
 
+def _gate(spec: dict, res: dict, gate_key: dict, gate_file: Path | None) -> dict:
+    """The token-hash verdict and the canaries' verdict, and the gate they make together.
+
+    Either one failing fails the gate; passing needs the pinned hash (canaries alone say too
+    little about the numerics to publish a speed figure on their own).
+    """
+    token_gate, token_msg = (gate.verdict(gate_key, res.get("token_sha256"), gate_file) if spec.get("gate", True)
+                             else (None, None))
+    checked = canary.check(res.get("canaries") or [])
+    skipped = res.get("canaries_skipped")
+    canary_gate, canary_msg = canary.verdict(checked, skipped) if spec.get("canaries") else (None, None)
+    combined = gate.FAIL if gate.FAIL in (token_gate, canary_gate) else token_gate
+    msgs = sorted((m for m in (token_msg, canary_msg) if m), key=lambda m: "FAILED" not in m)  # failures first
+    return {"gate": combined, "gate_message": "; ".join(msgs) or None, "token_gate": token_gate,
+            "canary_gate": canary_gate, "canaries": checked, "canaries_skipped": skipped}
+
+
 def _run_one(*, spec: dict, shape: str, run: int, cache_root: Path, out_dir: Path, base_env: dict, embedded: bool,
              plugin_dir: Path | None, timeout_s: float, gate_key: dict, gate_file: Path | None, fp: dict,
              common: dict, note: str | None) -> dict:
@@ -145,16 +178,16 @@ def _run_one(*, spec: dict, shape: str, run: int, cache_root: Path, out_dir: Pat
            "cache_root": str(cache_root), "cache_dir": parsed["cache_dir"], "cache_keys": parsed["cache_keys"],
            "cache_state": parsed["cache_state"], "compile_s": parsed["compile_s"], "backends": parsed["backends"],
            "token_sha256": res.get("token_sha256"), "gate": None, "gate_message": None, "gate_key": gate_key,
+           "token_gate": None, "canary_gate": None, "canaries": [], "canaries_skipped": None,
            "hooks": list(common["hooks"]), "note": note, "log_path": str(child.log_path),
            "wall_s": child.wall_s, "survivors": child.survivors,
            # Other work on the machine only adds time: the 1-minute load says how quiet it was.
            "load_1min_before": load_before, "load_1min_after": os.getloadavg()[0]}
     if child.ok:
         rec.update(_figures(res, spec["prompt_len"], spec["output_len"], spec["batch"]))
-        if spec.get("gate", True):
-            rec["gate"], rec["gate_message"] = gate.verdict(gate_key, res.get("token_sha256"), gate_file)
-            if rec["gate"] == gate.FAIL:
-                rec.update({k: None for k in SPEED_KEYS}, samples_s_per_output_token=[], speed_withheld=True)
+        rec.update(_gate(spec, res, gate_key, gate_file))
+        if rec["gate"] == gate.FAIL:
+            rec.update({k: None for k in SPEED_KEYS}, samples_s_per_output_token=[], speed_withheld=True)
     else:
         rec["gate"] = gate.FAIL if spec.get("gate", True) else None
         rec["gate_message"] = f"run failed: {child.reason}"
@@ -165,8 +198,8 @@ def measure(shapes=None, *, model: str | None = None, batch: int = 1, tp: int = 
             max_model_len: int = DEFAULT_MAX_MODEL_LEN, memory_fraction: float | None = None,
             env: dict | None = None, env_file: str | None = None, engine_args: dict | None = None,
             runs: int = 3, cold: bool = True, iterations: int = 10, warmup: int = 1, stream_iterations: int = 1,
-            temperature: float = 0.0,
-            gate_check: bool = True, hooks=(), out_dir: str | os.PathLike | None = None,
+            temperature: float = 0.0, gate_check: bool = True, canaries=None, tokenizer: str | None = None,
+            hooks=(), out_dir: str | os.PathLike | None = None,
             cache_root: str | os.PathLike | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
             gate_file: str | os.PathLike | None = None, device: devmod.Device | None = None,
             python: str | None = None, on_record=None) -> list[dict]:
@@ -184,6 +217,8 @@ def measure(shapes=None, *, model: str | None = None, batch: int = 1, tp: int = 
         local = Path(model).expanduser()
         model_path = str(local.resolve()) if local.exists() else model
         model_label = model_path
+    canaries = canary.normalize(canaries)
+    tokenizer_path = _tokenizer_for(canaries, tokenizer, embedded, model_path)
     base_env = dict(os.environ)
     file_env = read_env_file(env_file) if env_file else {}
     base_env.update(file_env)
@@ -213,6 +248,8 @@ def measure(shapes=None, *, model: str | None = None, batch: int = 1, tp: int = 
                 "engine_args": engine_args or {}, "prompt_len": prompt_len, "output_len": output_len, "batch": b,
                 "iterations": iterations, "warmup": warmup, "stream_iterations": stream_iterations,
                 "temperature": temperature, "gate": gate_check}
+        if canaries:
+            spec.update(canaries=canaries, tokenizer=tokenizer_path)
         if user_cache:
             root, scratch = Path(user_cache), None
         elif cold:
