@@ -27,6 +27,10 @@ cases = [
     ("fp16", 160, C(block_m=32, block_n=32, block_k=128, split_k=2)),  # several blocks per expert, split K
     ("fp16", 2, None),  # the triton variant's own choice
     ("bf16", 2, "htile"),
+    # packed 16x2 dequant (_word_dot; the interpreter runs its fp32 twin, which pins the nibble/x pairing),
+    # with the K loop pipelined
+    ("bf16", 1, C(block_m=1, block_n=64, block_k=128, num_stages=3, packed=True)),
+    ("fp16", 3, C(block_m=2, block_n=32, block_k=64, split_k=2, num_stages=2, fused_reduce=True, packed=True)),
 ]
 out = []
 for i, (dt, tokens, cfg) in enumerate(cases):

@@ -76,6 +76,87 @@ def _plane(q, q_hi, J: tl.constexpr, ASM: tl.constexpr):
 
 
 @triton.jit
+def _x_pair(x_row, cols, ok, J: tl.constexpr):
+    """x at columns 8r+J (low half) and 8r+J+4 (high half) of each word row r as one 32-bit
+    register: the pairing one LOP3 yields from a word (nibbles J and J+4 are 16 bits apart)."""
+    lo = tl.load(x_row + cols + J, mask=ok, other=0.0).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+    hi = tl.load(x_row + cols + (J + 4), mask=ok, other=0.0).to(tl.int16, bitcast=True).to(tl.int32)
+    return lo | (hi << 16)
+
+
+# Per word: (nibble - 8) for all eight nibbles in four 16x2 registers (LOP3 with the 16-bit type's
+# 2**(mantissa bits) magic, one HFMA2), the eight products summed in four HFMA2, then the two
+# halves added in fp32. About 2 instructions per nibble where the fp32 path (_plane) needs 3.
+# Products are exact in fp16 (8-bit x times a 4-bit integer); bf16 rounds them (2**-9).
+_WORD_DOT_BF16 = tl.constexpr("""{
+.reg .b32 t, w0, w1, w2, w3, a, one, off, nz;
+mov.b32 one, 0x3F803F80; mov.b32 off, 0xC308C308; mov.b32 nz, 0x80008000;
+lop3.b32 w0, $1, 0x000F000F, 0x43004300, 0xEA;
+shr.u32 t, $1, 4; lop3.b32 w1, t, 0x000F000F, 0x43004300, 0xEA;
+shr.u32 t, $1, 8; lop3.b32 w2, t, 0x000F000F, 0x43004300, 0xEA;
+shr.u32 t, $1, 12; lop3.b32 w3, t, 0x000F000F, 0x43004300, 0xEA;
+fma.rn.bf16x2 w0, w0, one, off; fma.rn.bf16x2 w1, w1, one, off;
+fma.rn.bf16x2 w2, w2, one, off; fma.rn.bf16x2 w3, w3, one, off;
+fma.rn.bf16x2 a, w0, $2, nz; fma.rn.bf16x2 a, w1, $3, a;
+fma.rn.bf16x2 a, w2, $4, a; fma.rn.bf16x2 a, w3, $5, a;
+shl.b32 t, a, 16; and.b32 a, a, 0xFFFF0000;
+add.f32 $0, t, a;
+}""")
+_WORD_DOT_FP16 = tl.constexpr("""{
+.reg .b32 t, w0, w1, w2, w3, a, one, off, sixt, off16, nz;
+.reg .f16 lo, hi; .reg .f32 flo, fhi;
+mov.b32 one, 0x3C003C00; mov.b32 off, 0xE408E408; mov.b32 sixt, 0x2C002C00; mov.b32 off16, 0xD480D480;
+mov.b32 nz, 0x80008000;
+lop3.b32 w0, $1, 0x000F000F, 0x64006400, 0xEA; lop3.b32 w1, $1, 0x00F000F0, 0x64006400, 0xEA;
+shr.u32 t, $1, 8;
+lop3.b32 w2, t, 0x000F000F, 0x64006400, 0xEA; lop3.b32 w3, t, 0x00F000F0, 0x64006400, 0xEA;
+fma.rn.f16x2 w0, w0, one, off; fma.rn.f16x2 w1, w1, sixt, off16;
+fma.rn.f16x2 w2, w2, one, off; fma.rn.f16x2 w3, w3, sixt, off16;
+fma.rn.f16x2 a, w0, $2, nz; fma.rn.f16x2 a, w2, $4, a;
+fma.rn.f16x2 a, w1, $3, a; fma.rn.f16x2 a, w3, $5, a;
+mov.b32 {lo, hi}, a; cvt.f32.f16 flo, lo; cvt.f32.f16 fhi, hi;
+add.f32 $0, flo, fhi;
+}""")
+
+
+@triton.jit
+def _unpair(xp, HALF: tl.constexpr, HIGH: tl.constexpr):
+    """One half of an x pair back to fp32 (the interpreter path)."""
+    bits = (xp >> 16) & 0xFFFF if HIGH else xp & 0xFFFF
+    if HALF:
+        return bits.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    return (bits << 16).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _word_dot(q, xp0, xp1, xp2, xp3, HALF: tl.constexpr, ASM: tl.constexpr):
+    """sum over a word's eight nibbles of (nibble - 8) * x, [rows, BLOCK_N] fp32; xp* are the
+    row's x pairs (_x_pair, [rows]). On the GPU in packed 16-bit arithmetic; the interpreter
+    computes the same sum in fp32 (it runs no PTX)."""
+    a1, _ = tl.broadcast(xp0[:, None], q)
+    a2, _ = tl.broadcast(xp1[:, None], q)
+    a3, _ = tl.broadcast(xp2[:, None], q)
+    a4, _ = tl.broadcast(xp3[:, None], q)
+    if ASM:
+        if HALF:
+            res = tl.inline_asm_elementwise(_WORD_DOT_FP16, "=r,r,r,r,r,r", [q, a1, a2, a3, a4],
+                                            dtype=tl.float32, is_pure=True, pack=1)
+        else:
+            res = tl.inline_asm_elementwise(_WORD_DOT_BF16, "=r,r,r,r,r,r", [q, a1, a2, a3, a4],
+                                            dtype=tl.float32, is_pure=True, pack=1)
+    else:
+        res = _pair_term(q, a1, 0, HALF) + _pair_term(q, a2, 1, HALF)
+        res += _pair_term(q, a3, 2, HALF) + _pair_term(q, a4, 3, HALF)
+    return res
+
+
+@triton.jit
+def _pair_term(q, xp, J: tl.constexpr, HALF: tl.constexpr):
+    lo = (((q >> (4 * J)) & 15) - 8).to(tl.float32) * _unpair(xp, HALF, False)
+    return lo + (((q >> (4 * J + 16)) & 15) - 8).to(tl.float32) * _unpair(xp, HALF, True)
+
+
+@triton.jit
 def _reduce_tokens(pairs, m_ok, offs_n, n_ok, pid_n, part_ptr, out_ptr, cnt_ptr, P, N, n_tiles,
                    TOPK: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """The last program to store a partial of a (token, N-tile) sums that token's top-k x
@@ -133,7 +214,8 @@ def _load_words(qw_base, k0, rows, offs_n, n_ok, N):
 def _moe_down_vec(x_ptr, qw_ptr, sc_ptr, pair_ptr, blk_expert_ptr, rw_ptr, part_ptr, out_ptr, cnt_ptr,
                   P, N, K, n_tiles,
                   TOPK: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                  BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, FUSED_REDUCE: tl.constexpr, ASM: tl.constexpr):
+                  BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, FUSED_REDUCE: tl.constexpr, ASM: tl.constexpr,
+                  STAGES: tl.constexpr, PACKED: tl.constexpr, HALF: tl.constexpr):
     """Decode: 1 or 2 pairs per block. Each pair accumulates elementwise products in a
     [BLOCK_K/8, BLOCK_N] fp32 tile laid out like the loaded words (2D, so every op keeps the
     load's layout); the word rows are summed once, after the K loop."""
@@ -158,22 +240,29 @@ def _moe_down_vec(x_ptr, qw_ptr, sc_ptr, pair_ptr, blk_expert_ptr, rw_ptr, part_
         x1 = x_ptr + p1.to(tl.int64) * K
         ok1 = (rows * 0 + p1) < P
         acc1 = tl.zeros((BLOCK_K // PACK_C, BLOCK_N), dtype=tl.float32)
-    for kk in range(0, k_per, BLOCK_K):
+    # STAGES > 1 asks Triton to pipeline the loop's loads (cp.async into shared memory, STAGES-1
+    # K-blocks ahead): more bytes in flight per SM than the registers of the resident programs hold.
+    for kk in tl.range(0, k_per, BLOCK_K, num_stages=STAGES):
         k0 = k_lo + kk
-        # The next block's words are not prefetched into registers: the compiler sinks such a
-        # load to the end of the loop body (seen in SASS); other programs on the SM hide the latency.
         q = _load_words(qw_base, k0, rows, offs_n, n_ok, N)
         s = _scales(sc_base, k0, rows, offs_n, n_ok, N, GROUP)
-        q_hi = q >> 16
         cols = k0 + rows * PACK_C  # column 8r of this block: word row r's nibble 0
-        blk0 = tl.zeros((BLOCK_K // PACK_C, BLOCK_N), dtype=tl.float32)
-        if BLOCK_M == 2:
-            blk1 = tl.zeros((BLOCK_K // PACK_C, BLOCK_N), dtype=tl.float32)
-        for j in tl.static_range(PACK_C):
-            w = _plane(q, q_hi, j, ASM)
-            blk0 += tl.load(x0 + cols + j, mask=ok0, other=0.0).to(tl.float32)[:, None] * w
+        if PACKED:
+            blk0 = _word_dot(q, _x_pair(x0, cols, ok0, 0), _x_pair(x0, cols, ok0, 1), _x_pair(x0, cols, ok0, 2),
+                             _x_pair(x0, cols, ok0, 3), HALF, ASM)
             if BLOCK_M == 2:
-                blk1 += tl.load(x1 + cols + j, mask=ok1, other=0.0).to(tl.float32)[:, None] * w
+                blk1 = _word_dot(q, _x_pair(x1, cols, ok1, 0), _x_pair(x1, cols, ok1, 1),
+                                 _x_pair(x1, cols, ok1, 2), _x_pair(x1, cols, ok1, 3), HALF, ASM)
+        else:
+            q_hi = q >> 16
+            blk0 = tl.zeros((BLOCK_K // PACK_C, BLOCK_N), dtype=tl.float32)
+            if BLOCK_M == 2:
+                blk1 = tl.zeros((BLOCK_K // PACK_C, BLOCK_N), dtype=tl.float32)
+            for j in tl.static_range(PACK_C):
+                w = _plane(q, q_hi, j, ASM)
+                blk0 += tl.load(x0 + cols + j, mask=ok0, other=0.0).to(tl.float32)[:, None] * w
+                if BLOCK_M == 2:
+                    blk1 += tl.load(x1 + cols + j, mask=ok1, other=0.0).to(tl.float32)[:, None] * w
         acc0 += blk0 * s
         if BLOCK_M == 2:
             acc1 += blk1 * s
@@ -289,11 +378,12 @@ class Config:
     num_warps: int = 4
     num_stages: int = 3
     fused_reduce: bool = False
+    packed: bool = False  # decode blocks: 16x2 packed dequant and products (_word_dot) instead of fp32 planes
 
     def label(self) -> str:
         red = "fused" if self.fused_reduce else "sum"
         return (f"m{self.block_m}n{self.block_n}k{self.block_k}s{self.split_k}"
-                f"w{self.num_warps}st{self.num_stages}{red}")
+                f"w{self.num_warps}st{self.num_stages}{red}{'-packed' if self.packed else ''}")
 
 
 DOT_MIN_M = 16  # tl.dot needs 16 rows; fewer pairs per block use the elementwise product instead
@@ -405,11 +495,17 @@ def prepare(cfg: Config, qweight, scales, group: int, batch, out: torch.Tensor):
     sum_block = 256
     sum_grid = (t, triton.cdiv(n, sum_block))
 
+    extra = {}
+    if kernel is _moe_down_vec:
+        extra = dict(STAGES=cfg.num_stages, PACKED=cfg.packed, HALF=x.dtype == torch.float16)
+        if cfg.packed and x.dtype not in (torch.float16, torch.bfloat16):
+            raise ValueError(f"packed dequant needs fp16 or bf16 activations, not {x.dtype}")
+
     def run():
         kernel[grid](x, qweight, scales, pair_ids, block_expert, rw, part, out, cnt, p, n, k, n_tiles,
                      TOPK=topk, GROUP=group, BLOCK_M=bm, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
                      SPLIT_K=cfg.split_k, FUSED_REDUCE=cfg.fused_reduce,
-                     ASM=not interpreted, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+                     ASM=not interpreted, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **extra)
         if not cfg.fused_reduce:
             _moe_sum[sum_grid](part, out, p, n, TOPK=topk, SPLIT_K=cfg.split_k, BLOCK=sum_block, num_warps=4)
         return out

@@ -28,9 +28,9 @@ def configs(k: int, group: int, auto_bm: int, n: int = 3072, blocks: dict | None
 
     bms = [auto_bm] + ([1] if auto_bm == 2 else []) + ([DOT_MIN_M] if auto_bm < DOT_MIN_M else [])
     cands = []
-    for bm, bn, warps, split, fused in itertools.product(bms, (128, 64, 256), (4, 8), (1, 2, 3, 4, 6, 8),
-                                                          (True, False)):
-        if bm >= DOT_MIN_M and (bn > 128 or warps != 4):
+    for bm, bn, warps, split, fused, packed, stages in itertools.product(
+            bms, (128, 64, 256), (4, 8), (1, 2, 3, 4, 6, 8), (True, False), (True, False), (3, 1, 4)):
+        if bm >= DOT_MIN_M and (bn > 128 or warps != 4 or packed or stages != 3):
             continue
         bk = fit_block_k(k, split, group, bm, bn, warps)
         if not bk or (split > 1 and bk < min(group, 128)):
@@ -39,9 +39,12 @@ def configs(k: int, group: int, auto_bm: int, n: int = 3072, blocks: dict | None
         per_sm = programs / sms
         score = abs(math.log2(max(per_sm, 1e-3) / 4)) + (0 if fused else 0.75) + (1.5 if bm >= DOT_MIN_M else 0)
         score += 0.5 * (bm != auto_bm) + 0.25 * (warps != 4) + 0.25 * (bn == 256)
-        stages = 3 if bm >= DOT_MIN_M else 1
+        # Decode blocks: packed 16x2 dequant and cp.async pipelining (stages 3) first, then the fp32 planes
+        # and unpipelined loops that earlier sweeps found best (results/moe-down-h200.md).
+        if bm < DOT_MIN_M:
+            score += 0.6 * (not packed) + {3: 0, 1: 0.4, 4: 0.7}[stages]
         cands.append((score, Config(block_m=bm, block_n=bn, block_k=bk, split_k=split, num_warps=warps,
-                                    num_stages=stages, fused_reduce=fused)))
+                                    num_stages=stages, fused_reduce=fused, packed=packed)))
     cands.sort(key=lambda c: c[0])
     return [c for _, c in cands]
 
@@ -112,7 +115,7 @@ def load_tuned(path) -> dict:
     return {key: Config(**r["tiling"]) if "tiling" in r else parse_label(r["config"]) for key, r in best.items()}
 
 
-LABEL = re.compile(r"m(\d+)n(\d+)k(\d+)s(\d+)w(\d+)st(\d+)(sum|fused)$")
+LABEL = re.compile(r"m(\d+)n(\d+)k(\d+)s(\d+)w(\d+)st(\d+)(sum|fused)(-packed)?$")
 
 
 def parse_label(label: str):
@@ -123,7 +126,7 @@ def parse_label(label: str):
     if not m:
         raise ValueError(f"not a tiling label: {label!r}")
     bm, bn, bk, split, warps, stages = map(int, m.groups()[:6])
-    return Config(bm, bn, bk, split, warps, stages, m.group(7) == "fused")
+    return Config(bm, bn, bk, split, warps, stages, m.group(7) == "fused", m.group(8) is not None)
 
 
 def shape_k(row: dict) -> int:
