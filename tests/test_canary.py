@@ -118,3 +118,30 @@ def test_cli_takes_canaries(tmp_path):
     args = build_parser().parse_args(["decode", "--canary", "red fox=>jumps", "--canary", "blue",
                                       "--canaries", str(tmp_path / "c.txt"), "--tokenizer", "/t"])
     assert args.canary == ["red fox=>jumps", "blue"] and args.tokenizer == "/t"
+
+
+def test_run_in_engine_tokenizes_decodes_and_reports_a_missing_tokenizer(tmp_path):
+    pytest.importorskip("vllm")
+    from types import SimpleNamespace
+
+    cfg = model.embedded_config()
+    (tmp_path / "m").mkdir()
+    path = str(tokmod.ensure(tmp_path / "m", cfg))
+    words = tokmod.words(cfg["vocab_size"])
+    calls = []
+
+    class FakeLLM:  # answers every prompt with its own last id twice, then a word
+        def generate(self, prompts, sp, use_tqdm=False):
+            calls.append((prompts[0]["prompt_token_ids"], sp))
+            ids = prompts[0]["prompt_token_ids"]
+            return [SimpleNamespace(outputs=[SimpleNamespace(token_ids=[ids[-1], ids[-1], 500])])]
+
+    cans = canary.normalize(["red fox=>fox fox", {"prompt": "blue", "max_tokens": 3}])
+    results, skipped = canary.run_in_engine(FakeLLM(), cans, path)
+    assert skipped is None and [r["text"] for r in results] == [f"fox fox {words[500]}", f"blue blue {words[500]}"]
+    assert results[0]["prompt_token_ids"] == [words.index("red"), words.index("fox")]
+    assert len(calls) == 2  # one generate per canary: a canary's text must not depend on the others
+    assert calls[1][1].max_tokens == 3 and calls[1][1].temperature == 0.0 and calls[1][1].stop_token_ids == [2]
+    assert [c["passed"] for c in canary.check(results)] == [True, None]
+    results, skipped = canary.run_in_engine(FakeLLM(), cans, str(tmp_path / "nowhere"))
+    assert results == [] and skipped.startswith(f"no tokenizer at {tmp_path / 'nowhere'}: ")

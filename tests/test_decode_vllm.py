@@ -13,6 +13,7 @@ pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed")]
 
 SHAPE = "p16n16"
+CANARY = "the quick brown fox jumps over the lazy dog and the"
 HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
 
@@ -35,10 +36,13 @@ def _processes_mentioning(text: str) -> list[int]:
 
 @pytest.fixture(scope="module")
 def base(tmp_path_factory):
-    """One cold start of the embedded model, after a shape vLLM refuses (longer than the model's positions)."""
+    """One cold start of the embedded model, after a shape vLLM refuses (longer than the model's positions).
+
+    It records a text canary's greedy continuation (no expected text yet) through the embedded tokenizer.
+    """
     d = tmp_path_factory.mktemp("decode")
     recs = measure(["p9000n8", SHAPE], runs=0, cold=True, iterations=2, out_dir=d / "base", gate_file=d / "g.json",
-                   timeout_s=900)
+                   timeout_s=900, canaries=[CANARY])
     return d, recs
 
 
@@ -63,6 +67,9 @@ def test_record_has_every_figure(base):
     assert r["cache_keys"] and all(re.match(r"^[0-9a-f]{10,}$", k) for k in r["cache_keys"])
     assert r["cache_state"] == "compiled" and r["cache_dir"].startswith(r["cache_root"])
     assert HEX64.match(r["token_sha256"]) and r["gate"] is None  # nothing pinned in this test's gate file
+    (c,) = r["canaries"]
+    assert c["passed"] is None and r["canary_gate"] is None and len(c["token_ids"]) >= 3
+    assert c["text"].split()[:3] and all(0 <= t < 12288 for t in c["token_ids"])
     assert os.path.exists(r["log_path"]) and r["fingerprint"]["vllm"]
 
 
@@ -76,10 +83,17 @@ def test_gate_flips_on_a_numerics_change_and_holds_on_a_default_off_branch(base)
     assert scaled["token_sha256"] != r["token_sha256"]
     assert scaled["gate"] == gate.FAIL and scaled["speed_withheld"] and "QUALITY GATE FAILED" in scaled["gate_message"]
     assert all(scaled[k] is None for k in suite.SPEED_KEYS)
-    (branch,) = measure([SHAPE], hooks=["default-off-branch"], out_dir=d / "branch", **common)
+    # The same start checks two text canaries: one pinned from the base run's own greedy text, one wrong.
+    pinned = " ".join(r["canaries"][0]["text"].split()[:3])
+    wrong = "zebra " + pinned  # no word of the embedded vocabulary (CV syllables, English) contains "zebra"
+    (branch,) = measure([SHAPE], hooks=["default-off-branch"], out_dir=d / "branch",
+                        canaries=[f"{CANARY}=>{pinned}", f"{CANARY}=>{wrong}"], **common)
     assert branch["ok"], branch["error"]
-    assert branch["token_sha256"] == r["token_sha256"] and branch["gate"] == gate.PASS
-    assert branch["s_per_output_token"] > 0
+    assert branch["token_sha256"] == r["token_sha256"] and branch["token_gate"] == gate.PASS  # the branch keeps it
+    assert [c["passed"] for c in branch["canaries"]] == [True, False]
+    assert branch["canaries"][0]["text"] == r["canaries"][0]["text"]
+    assert branch["canary_gate"] == 1 and branch["gate"] == gate.FAIL and branch["speed_withheld"]
+    assert all(branch[k] is None for k in suite.SPEED_KEYS) and "text canaries failed" in branch["gate_message"]
     # How far the 1.02 scale moved the tokens (for the report; the assertions above are the test).
     ids = {}
     for name, rec in (("base", r), ("scaled", scaled)):
