@@ -243,6 +243,7 @@ def _fake_measure(tmp_path, monkeypatch, fake, modes, **kw):
         return real(spec, log_path, **k)
 
     monkeypatch.setattr(runner, "run_child", run)
+    kw.setdefault("settle_s", 0)
     return suite.measure(list(modes), out_dir=tmp_path / "out", cache_root=tmp_path / "cache", iterations=3, **kw)
 
 
@@ -345,3 +346,30 @@ def test_asv_adapter_cache_key_figures_come_from_the_decode_run(tmp_path):
     bare = cachekey.from_decode_record({**run, "cache_keys": [key_b], "cache_dir": str(tmp_path)}, pins_path=pins,
                                        machine="m")
     assert bare["aot_key"] == key_b and b.track_aot_key_differs_from_pin({"s": {"cache_key": bare}}, "s") == 1
+
+
+def test_cpu_engine_defaults_reach_the_child_and_the_record(tmp_path, fake_child, monkeypatch):
+    monkeypatch.setattr(suite, "CPU_ENGINE_ENV", {"VLLM_X_DEFAULT": "0", "VLLM_CPU_KVCACHE_SPACE": "1"})
+    env = suite.engine_env("cpu", {"VLLM_X_DEFAULT": "1"}, None)
+    assert env == {"VLLM_X_DEFAULT": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}  # the caller's setting wins
+    assert "VLLM_CPU_KVCACHE_SPACE" not in suite.engine_env("cpu", {}, 0.3)  # an explicit fraction wins
+    assert suite.engine_env("cuda", {}, None) == {}
+    monkeypatch.delenv("VLLM_X_DEFAULT", raising=False)
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    (rec,) = _fake_measure(tmp_path, monkeypatch, fake_child, {"p4n4b1": {"mode": "ok"}}, runs=1, cold=False,
+                           settle_s=0.5)
+    assert rec["env"]["VLLM_X_DEFAULT"] == "0" and rec["env"]["VLLM_CPU_KVCACHE_SPACE"] == "1"
+    assert rec["memory_fraction"] is None  # the KV cache is sized by the default variable, not a fraction
+    assert "b70bench env: VLLM_X_DEFAULT=0" in open(rec["log_path"]).read()
+    assert 0 <= rec["settle_s"] < 5 and rec["cpu_busy_share_before"] is not None
+
+
+def test_settle_waits_for_idle_and_gives_up_in_time(monkeypatch):
+    busy = iter([0.9, 0.8, 0.05])
+    monkeypatch.setattr(runner, "cpu_busy_share", lambda interval_s: next(busy))
+    assert runner.settle(max_wait_s=60, busy_below=0.1)[1] == 0.05
+    monkeypatch.setattr(runner, "cpu_busy_share", lambda interval_s: (time.sleep(0.05), 0.9)[1])
+    waited, last = runner.settle(max_wait_s=0.2, busy_below=0.1)
+    assert last == 0.9 and 0.2 <= waited < 2
+    monkeypatch.undo()
+    assert 0 <= runner.cpu_busy_share(0.2) <= 1

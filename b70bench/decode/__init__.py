@@ -7,8 +7,8 @@ Stable API (other suites and benchmarks/bench_decode.py call it; keep it compati
 
 measure(shapes=None, *, model=None, batch=1, tp=1, dtype=None, max_model_len=2048, memory_fraction=None,
         env=None, env_file=None, engine_args=None, runs=3, cold=True, iterations=10, warmup=1,
-        stream_iterations=1, temperature=0.0, gate_check=True, hooks=(), out_dir=None, cache_root=None, timeout_s=1200,
-        gate_file=None, device=None, python=None, on_record=None) -> list[dict]
+        stream_iterations=1, temperature=0.0, gate_check=True, canaries=None, tokenizer=None, hooks=(), out_dir=None,
+        cache_root=None, timeout_s=1200, gate_file=None, device=None, python=None, on_record=None) -> list[dict]
 
 - shapes: "p512n512" strings (prompt, output length; "b4" suffix sets batch) or (prompt, output, batch)
   tuples; default p512n512, p512n1536, p512n2048 at max_model_len 2048. A shape longer than
@@ -23,6 +23,10 @@ measure(shapes=None, *, model=None, batch=1, tp=1, dtype=None, max_model_len=204
   a run that still found it empty says cold=True.
 - temperature: sampling of the timed iterations (the gate is always greedy); 1.0 is what
   vllm.benchmarks.latency samples with.
+- canaries: text canaries (canary.py): "PROMPT=>EXPECTED" strings, (prompt, expected) pairs or dicts
+  with max_tokens; expected None only records the text. Greedy, in the same start, through the
+  model's tokenizer (or `tokenizer`; the embedded model has a word-level one, tokenizer.py); the
+  engine stays token-id only either way. A failed canary fails the gate like a hash mismatch.
 - python: interpreter for the child (default: this one). on_record: called with each record as it lands.
 
 Record fields (units in keys): shape (p512n512b1), prompt_len, output_len, batch, tp, model, dtype,
@@ -33,9 +37,11 @@ samples_s_per_output_token, latency_s, ttft_s, itl_s_p50/p90/p99 (from streamed 
 token timestamped as LLM's engine returns it), kv_cache_tokens, peak_memory_bytes, cache_dir,
 cache_keys (hex keys from vLLM's compile-cache paths: the 64-hex AOT key, the 10-hex directory key),
 cache_state (loaded / compiled / compiled-again: <reason>), token_sha256, gate (0 pass, 1 fail,
-None unpinned), gate_message, log_path, load_1min_before/after, foreign_cpu_share (share of all
-cores other processes used while the calls were timed: a slow figure with a high share was
-interfered with), fingerprint. When gate == 1 every speed figure is None.
+None unpinned), gate_message, token_gate (the hash's verdict alone), canary_gate (1 when a canary
+failed, 0 when all checked ones passed, else None), canaries (prompt, expected, text, token ids,
+passed), canaries_skipped (why none ran, e.g. no tokenizer), log_path, load_1min_before/after,
+foreign_cpu_share (share of all cores other processes used while the calls were timed: a slow
+figure with a high share was interfered with), fingerprint. When gate == 1 every speed figure is None.
 """
 
 from __future__ import annotations

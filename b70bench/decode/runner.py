@@ -68,6 +68,35 @@ def kill_group(pgid: int, grace_s: float | None = None) -> list[int]:
     return group_members(pgid)
 
 
+def cpu_busy_share(interval_s: float = 1.0) -> float | None:
+    """Share of all cores busy (anything but idle and iowait) over interval_s, from /proc/stat."""
+    def sample():
+        with open("/proc/stat") as f:
+            vals = [int(x) for x in f.readline().split()[1:9]]
+        return sum(vals), vals[3] + vals[4]
+
+    try:
+        (t0, i0), _ = sample(), time.sleep(interval_s)
+        t1, i1 = sample()
+    except (OSError, ValueError):
+        return None
+    return 1 - (i1 - i0) / (t1 - t0) if t1 > t0 else None
+
+
+def settle(max_wait_s: float = 30.0, busy_below: float = 0.1, interval_s: float = 1.0) -> tuple[float, float | None]:
+    """Wait (up to max_wait_s) until the machine is idle before a timed start; returns (waited s, last busy share).
+
+    The previous run's process group is gone by then (run_child waits for it), but the kernel may
+    still be reclaiming its memory and other work may be running: on 2 cores either shows up in
+    the next run's figures, so the run starts on an idle machine where it can and records how idle.
+    """
+    t0 = time.monotonic()
+    while True:
+        busy = cpu_busy_share(interval_s)
+        if busy is None or busy < busy_below or time.monotonic() - t0 >= max_wait_s:
+            return time.monotonic() - t0, busy
+
+
 def _result_line(text: str) -> dict | None:
     for line in reversed(text.splitlines()):
         i = line.find(RESULT_PREFIX)
