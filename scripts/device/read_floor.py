@@ -2,17 +2,28 @@
 
     python3 scripts/device/read_floor.py [MB ...]      (default: 4.9 and 19.5 MB, TP4 and TP1 tokens 1)
 
-For each size, torch's copy (reads and writes N) and sum (reads N, writes one value) of a bf16 buffer,
-graph-replayed 16 calls at a time over enough rotated buffers (>= 8x the L2) that every read comes from
-HBM, timed on device events, median of 30 replays. One JSON line per (op, size) on stdout.
+For each size: torch's copy (reads and writes N), torch's sum (reads N, writes one value) and a
+Triton kernel that only streams N in (one program per 16 KiB, 16-byte loads, one value out per program)
+of a bf16 buffer, graph-replayed 16 calls at a time over enough rotated buffers (>= 8x the L2) that
+every read comes from HBM, timed on device events, median of 30 replays. One JSON line per (op, size). `launch`: the
+Triton kernel with nothing to read (132 programs), i.e. a graph-replayed launch alone.
 """
 import json
 import statistics
 import sys
 
 import torch
+import triton
+import triton.language as tl
 
 CALLS = 16
+
+
+@triton.jit
+def _read(src, out, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    v = tl.load(src + offs, mask=offs < n, other=0, eviction_policy="evict_first")
+    tl.store(out + tl.program_id(0), tl.sum(v, axis=0))
 L2 = torch.cuda.get_device_properties(0).L2_cache_size
 
 
@@ -20,7 +31,11 @@ def floor(op: str, nbytes: int) -> dict:
     n = nbytes // 2
     nbuf = max(CALLS, -(-8 * L2 // nbytes))
     src = [torch.randn(n, device="cuda", dtype=torch.bfloat16) for _ in range(nbuf)]
-    dst = [torch.empty_like(s) for s in src] if op == "copy" else [torch.empty((), device="cuda") for _ in src]
+    words = [s.view(torch.int32) for s in src]
+    block = 4096
+    grid = (triton.cdiv(words[0].numel(), block),)
+    dst = [torch.empty_like(s) for s in src] if op == "copy" else [torch.empty(grid[0], device="cuda",
+                                                                                dtype=torch.int32) for _ in src]
     state = {"i": 0}
 
     def call():
@@ -28,8 +43,12 @@ def floor(op: str, nbytes: int) -> dict:
         state["i"] += 1
         if op == "copy":
             dst[i].copy_(src[i])
+        elif op == "sum":
+            torch.sum(src[i], dtype=torch.float32)
+        elif op == "launch":  # the same kernel reading nothing: what a graph-replayed launch costs by itself
+            _read[(132,)](words[i], dst[i], 0, BLOCK=block, num_warps=8)
         else:
-            torch.sum(src[i], dtype=torch.float32, out=dst[i])
+            _read[grid](words[i], dst[i], words[i].numel(), BLOCK=block, num_warps=8)
 
     graphs = []
     side = torch.cuda.Stream()
@@ -56,7 +75,7 @@ def floor(op: str, nbytes: int) -> dict:
         b.synchronize()
         samples.append(a.elapsed_time(b) * 1e3 / CALLS)
     us = statistics.median(samples)
-    moved = 2 * nbytes if op == "copy" else nbytes
+    moved = {"copy": 2 * nbytes, "launch": 0}.get(op, nbytes)
     for g in graphs:
         g.reset()
     return {"op": op, "mb": nbytes / 1e6, "buffers": nbuf, "time_us": us, "gbps": moved / us / 1e3}
@@ -65,5 +84,5 @@ def floor(op: str, nbytes: int) -> dict:
 if __name__ == "__main__":
     sizes = [float(a) for a in sys.argv[1:]] or [4.9, 19.5]
     for mb in sizes:
-        for op in ("sum", "copy"):
+        for op in ("launch", "read", "sum", "copy"):
             print(json.dumps(floor(op, int(mb * 1e6) // 64 * 64)), flush=True)
