@@ -31,6 +31,8 @@ cases = [
     # with the K loop pipelined
     ("bf16", 1, C(block_m=1, block_n=64, block_k=128, num_stages=3, packed=True)),
     ("fp16", 3, C(block_m=2, block_n=32, block_k=64, split_k=2, num_stages=2, fused_reduce=True, packed=True)),
+    # a K-block deeper than the split: one masked iteration issues all of the split's loads at once
+    ("bf16", 1, C(block_m=1, block_n=32, block_k=512, split_k=2, fused_reduce=True, packed=True)),
 ]
 out = []
 for i, (dt, tokens, cfg) in enumerate(cases):

@@ -22,7 +22,9 @@ def run(args) -> int:
     tps = args.tp or ((4,) if cpu else shapes.TPS)
     repeat = args.repeat or (5 if cpu else 20)
     if args.tune:
-        rows = tune.sweep(dev, shape, tps, tokens, dtype, graph=args.graph, repeat=repeat, seconds=args.tune_seconds)
+        tilings = [tune.parse_tiling(t) for t in args.tilings] if args.tilings else None
+        rows = tune.sweep(dev, shape, tps, tokens, dtype, graph=args.graph, repeat=repeat, seconds=args.tune_seconds,
+                          tilings=tilings)
         print(records.format_table(rows, tune.COLUMNS))
     else:
         rows = suite.measure(dev, args.variants, tokens=tokens, tps=tps, dtype=dtype, graph=args.graph,
@@ -60,6 +62,9 @@ def register(sub) -> None:
     p.add_argument("--tune", action="store_true", help="sweep Triton tilings instead (fastest first per shape)")
     p.add_argument("--tuned", metavar="FILE", help="triton-htile takes the fastest correct tiling per shape "
                                                    "from this sweep JSON (default: its heuristic)")
+    p.add_argument("--tilings", nargs="+", metavar="LABEL",
+                   help="with --tune: sweep only these tilings, e.g. m1n64k512s3w4st1fused-packed (as the sweep "
+                        "prints them; block_m 0 = from the routing)")
     p.add_argument("--tune-seconds", type=float, default=1e9, help="stop starting new tilings after this long")
     cli.add_json_arg(p)
     p.set_defaults(func=run)

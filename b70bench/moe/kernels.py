@@ -195,18 +195,18 @@ def _finish_rows(acc, pairs, m_ok, offs_n, n_ok, pid_n, pid_k, rw_ptr, part_ptr,
 
 
 @triton.jit
-def _scales(sc_base, k0, rows, offs_n, n_ok, N, GROUP: tl.constexpr):
+def _scales(sc_base, k0, rows, offs_n, ok, N, GROUP: tl.constexpr):
     """fp32 scales of each word row's group, [BLOCK_K/8, BLOCK_N]: the words' own shape and
     layout, so applying them needs no layout conversion (a [BLOCK_N] row would go through
-    shared memory); the repeated rows are L1 hits."""
+    shared memory); the repeated rows are L1 hits. `ok`: the [rows, BLOCK_N] mask."""
     return tl.load(sc_base + ((k0 + rows * PACK_C) // GROUP)[:, None] * N + offs_n[None, :],
-                   mask=n_ok[None, :], other=0.0).to(tl.float32)
+                   mask=ok, other=0.0).to(tl.float32)
 
 
 @triton.jit
-def _load_words(qw_base, k0, rows, offs_n, n_ok, N):
+def _load_words(qw_base, k0, rows, offs_n, ok, N):
     # Streamed once: first out of the caches (x and the partials stay).
-    return tl.load(qw_base + (k0 // PACK_C + rows)[:, None] * N + offs_n[None, :], mask=n_ok[None, :],
+    return tl.load(qw_base + (k0 // PACK_C + rows)[:, None] * N + offs_n[None, :], mask=ok,
                    other=0, eviction_policy="evict_first")
 
 
@@ -233,20 +233,26 @@ def _moe_down_vec(x_ptr, qw_ptr, sc_ptr, pair_ptr, blk_expert_ptr, rw_ptr, part_
     # Masks as vectors (rows * 0 + pair): Triton's interpreter rejects a scalar mask on a vector load.
     p0 = tl.load(pair_ptr + pid_m * BLOCK_M)
     x0 = x_ptr + p0.to(tl.int64) * K
-    ok0 = (rows * 0 + p0) < P
     acc0 = tl.zeros((BLOCK_K // PACK_C, BLOCK_N), dtype=tl.float32)
     if BLOCK_M == 2:
         p1 = tl.load(pair_ptr + pid_m * BLOCK_M + 1)
         x1 = x_ptr + p1.to(tl.int64) * K
-        ok1 = (rows * 0 + p1) < P
         acc1 = tl.zeros((BLOCK_K // PACK_C, BLOCK_N), dtype=tl.float32)
     # STAGES > 1 asks Triton to pipeline the loop's loads (cp.async into shared memory, STAGES-1
     # K-blocks ahead): more bytes in flight per SM than the registers of the resident programs hold.
+    # A K-block deeper than the split (BLOCK_K > k_per, e.g. 512 for TP4's 384) is one masked
+    # iteration: the whole split's loads are issued at once, which a loop of dependent K-blocks
+    # cannot do (decode rows are bound by the bytes each SM has in flight; results/moe-down-h200.md).
     for kk in tl.range(0, k_per, BLOCK_K, num_stages=STAGES):
         k0 = k_lo + kk
-        q = _load_words(qw_base, k0, rows, offs_n, n_ok, N)
-        s = _scales(sc_base, k0, rows, offs_n, n_ok, N, GROUP)
         cols = k0 + rows * PACK_C  # column 8r of this block: word row r's nibble 0
+        r_ok = cols < k_lo + k_per
+        ok = r_ok[:, None] & n_ok[None, :]
+        q = _load_words(qw_base, k0, rows, offs_n, ok, N)
+        s = _scales(sc_base, k0, rows, offs_n, ok, N, GROUP)
+        ok0 = r_ok & ((rows * 0 + p0) < P)
+        if BLOCK_M == 2:
+            ok1 = r_ok & ((rows * 0 + p1) < P)
         if PACKED:
             blk0 = _word_dot(q, _x_pair(x0, cols, ok0, 0), _x_pair(x0, cols, ok0, 1), _x_pair(x0, cols, ok0, 2),
                              _x_pair(x0, cols, ok0, 3), HALF, ASM)
@@ -302,7 +308,7 @@ def _moe_down_dot(x_ptr, qw_ptr, sc_ptr, pair_ptr, blk_expert_ptr, rw_ptr, part_
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for kk in range(0, k_per, BLOCK_K):
         k0 = k_lo + kk
-        q = _load_words(qw_base, k0, rows, offs_n, n_ok, N)
+        q = _load_words(qw_base, k0, rows, offs_n, n_ok[None, :], N)
         q_hi = q >> 16
         # BLOCK_K <= GROUP: one scale row, [1, BLOCK_N], for the dot's [BLOCK_M, BLOCK_N] result.
         s = tl.load(sc_base + (k0 // GROUP) * N + offs_n[None, :], mask=n_ok[None, :], other=0.0).to(tl.float32)
@@ -344,7 +350,7 @@ def _moe_down_wide(x_ptr, qw_ptr, sc_ptr, pair_ptr, blk_expert_ptr, rw_ptr, part
     for kk in range(0, k_per, BLOCK_K):
         k0 = k_lo + kk
         x = tl.load(x_rows + (k0 + tl.arange(0, BLOCK_K))[None, :], mask=m_ok[:, None], other=0.0)
-        q = _load_words(qw_base, k0, rows, offs_n, n_ok, N)
+        q = _load_words(qw_base, k0, rows, offs_n, n_ok[None, :], N)
         nib = (q[:, None, :] >> shifts[None, :, None]) & 0xF  # [BLOCK_K/8, 8, BLOCK_N]: k = k0 + 8r + j
         # Small integers, exact in fp16/bf16; through fp32 because Triton's interpreter bit-casts
         # int32 -> bf16 instead of converting.
@@ -465,7 +471,11 @@ def check_config(cfg: Config, k: int, group: int) -> None:
         raise ValueError(f"block_k {cfg.block_k} must be {PACK} x a power of two")
     if cfg.block_k > group and cfg.block_k % group or cfg.block_k < group and group % cfg.block_k:
         raise ValueError(f"block_k {cfg.block_k} and the group {group} must divide one another")
-    if k % cfg.split_k or (k // cfg.split_k) % cfg.block_k:
+    if k % cfg.split_k or (k // cfg.split_k) % PACK:
+        raise ValueError(f"K={k} does not split into {cfg.split_k} parts of whole {PACK}-row words")
+    per = k // cfg.split_k
+    if per % cfg.block_k and not (cfg.block_k > per and cfg.block_m < DOT_MIN_M):
+        # Only the decode kernel masks a K-block deeper than its split (one iteration).
         raise ValueError(f"K={k} does not split into {cfg.split_k} parts of whole {cfg.block_k}-blocks")
 
 

@@ -6,7 +6,7 @@ import itertools
 import json
 import re
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 from b70bench import copy, records
 from b70bench.errors import Unavailable
@@ -15,7 +15,8 @@ from b70bench.moe import suite
 from b70bench.moe import variants as varmod
 from b70bench.moe.shapes import random_batch, random_weights, roofline_bytes
 
-COLUMNS = ["tp", "tokens", "config", "programs", "time_us", "time_us_iqr", "gbps", "frac_copy", "rel_err", "ok"]
+COLUMNS = ["tp", "tokens", "config", "programs", "time_us", "time_us_iqr", "gbps", "frac_copy", "rel_err", "ok",
+           "skipped"]
 
 
 def configs(k: int, group: int, auto_bm: int, n: int = 3072, blocks: dict | None = None, sms: int = 132) -> list:
@@ -50,8 +51,10 @@ def configs(k: int, group: int, auto_bm: int, n: int = 3072, blocks: dict | None
 
 
 def sweep(dev, shape, tps, tokens, dtype, graph: bool = True, repeat: int = 10, seed: int = 0,
-          seconds: float = 1e9) -> list[dict]:
-    """Every tiling in configs() per (tp, tokens), until `seconds` have passed (compiles dominate)."""
+          seconds: float = 1e9, tilings: list | None = None) -> list[dict]:
+    """Every tiling in configs() (or `tilings`, where a block_m of 0 takes the routing's own) per
+    (tp, tokens), until `seconds` have passed (compiles dominate). A tiling that does not fit a
+    shape is a row with the reason, not an error."""
     from b70bench.moe import kernels
 
     per_shape = seconds / max(1, len(tps) * len(tokens))
@@ -78,9 +81,17 @@ def sweep(dev, shape, tps, tokens, dtype, graph: bool = True, repeat: int = 10, 
             auto = kernels.auto_block_m(probe.ids_cpu)
             blocks = {bm: kernels.group_pairs(probe.ids_cpu, bm)[1].numel() for bm in {1, 2, auto, 16}}
             sms = varmod._sm_count(dev.torch_device)
-            for cfg in configs(k, shape.group, auto, shape.hidden, blocks, sms):
+            cands = configs(k, shape.group, auto, shape.hidden, blocks, sms) if tilings is None else [
+                replace(t, block_m=t.block_m or auto) for t in tilings]
+            for cfg in cands:
                 if time.monotonic() > deadline:
                     break
+                try:
+                    kernels.check_config(cfg, k, shape.group)
+                except ValueError as err:
+                    rows.append(records.record("moe-down-tune", fingerprint=fp, tp=tp, tokens=ntok, k=k,
+                                               config=cfg.label(), skipped=str(err)))
+                    continue
                 v = varmod.TritonVariant("triton-tune", config=cfg)
                 blocks = kernels.group_pairs(probe.ids_cpu, cfg.block_m)[1].numel()
                 row = dict(tp=tp, tokens=ntok, k=k, n=shape.hidden, config=cfg.label(), tiling=asdict(cfg),
@@ -91,7 +102,7 @@ def sweep(dev, shape, tps, tokens, dtype, graph: bool = True, repeat: int = 10, 
                 rows.append(records.record("moe-down-tune", fingerprint=fp, **row))
             del wsets, batches
             dev.empty_cache()
-    rows.sort(key=lambda r: (r["tp"], r["tokens"], r["time_us"]))
+    rows.sort(key=lambda r: (r["tp"], r["tokens"], r.get("time_us") is None, r.get("time_us") or 0))
     return rows
 
 
@@ -127,6 +138,17 @@ def parse_label(label: str):
         raise ValueError(f"not a tiling label: {label!r}")
     bm, bn, bk, split, warps, stages = map(int, m.groups()[:6])
     return Config(bm, bn, bk, split, warps, stages, m.group(7) == "fused", m.group(8) is not None)
+
+
+def parse_tiling(label: str):
+    """--tilings' argument: a tiling label, or a clear error naming the expected form."""
+    from b70bench.errors import UsageError
+
+    try:
+        return parse_label(label)
+    except ValueError:
+        raise UsageError(f"--tilings: {label!r} is not a tiling label; write it as the sweep prints it, "
+                         "e.g. m1n64k512s3w4st1fused-packed") from None
 
 
 def shape_k(row: dict) -> int:

@@ -3,6 +3,7 @@
 #   bash scripts/device/moe_down.sh [all|table|tune]
 # all: the tiling sweep (graph replay, TP1/TP4 x tokens 1/4/16; triton-htile then takes its winners), then every variant's table for
 # TP1 and TP4 x tokens 1,4,16,64,512, eager and graph-replayed. Logs and JSON go to $OUT.
+# TILINGS="LABEL ...": the sweep tries only these tilings (b70bench moe-down --tilings).
 # par: the same on two GPUs at once: sweep TP1 on GPU 0 and TP4 on GPU 1, then the graph table on GPU 0 and the
 # eager table on GPU 1 (each table, with its copy anchor, from one GPU).
 set -u -o pipefail
@@ -23,10 +24,10 @@ bench() { local limit=$1; shift; PYTHONPATH=. timeout "$limit" "${PYTHON:-python
 
 if [[ $MODE == par ]]; then
   CUDA_VISIBLE_DEVICES=0 bench $((TUNE_SECONDS + 60)) --tune ${GRAPH---graph} --tp 1 --tokens 1 4 16 --repeat 10 \
-    --tune-seconds "$TUNE_SECONDS" --json "$OUT/tune-tp1.json" > "$OUT/tune-tp1.log" 2>&1 &
+    --tune-seconds "$TUNE_SECONDS" ${TILINGS:+--tilings $TILINGS} --json "$OUT/tune-tp1.json" > "$OUT/tune-tp1.log" 2>&1 &
   t1=$!
   CUDA_VISIBLE_DEVICES=1 bench $((TUNE_SECONDS + 60)) --tune ${GRAPH---graph} --tp 4 --tokens 1 4 16 --repeat 10 \
-    --tune-seconds "$TUNE_SECONDS" --json "$OUT/tune-tp4.json" > "$OUT/tune-tp4.log" 2>&1 &
+    --tune-seconds "$TUNE_SECONDS" ${TILINGS:+--tilings $TILINGS} --json "$OUT/tune-tp4.json" > "$OUT/tune-tp4.log" 2>&1 &
   t4=$!
   wait $t1; echo "tune tp1 rc=$?"; wait $t4; echo "tune tp4 rc=$?"
   OUT="$OUT" "${PYTHON:-python3}" - <<'PY'
