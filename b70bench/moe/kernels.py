@@ -473,9 +473,8 @@ def check_config(cfg: Config, k: int, group: int) -> None:
         raise ValueError(f"block_k {cfg.block_k} and the group {group} must divide one another")
     if k % cfg.split_k or (k // cfg.split_k) % PACK:
         raise ValueError(f"K={k} does not split into {cfg.split_k} parts of whole {PACK}-row words")
-    per = k // cfg.split_k
-    if per % cfg.block_k and not (cfg.block_k > per and cfg.block_m < DOT_MIN_M):
-        # Only the decode kernel masks a K-block deeper than its split (one iteration).
+    if (k // cfg.split_k) % cfg.block_k and cfg.block_m >= DOT_MIN_M:
+        # The decode kernel masks the rows past its split, so its K-blocks need not tile it.
         raise ValueError(f"K={k} does not split into {cfg.split_k} parts of whole {cfg.block_k}-blocks")
 
 
