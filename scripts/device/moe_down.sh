@@ -3,7 +3,8 @@
 #   bash scripts/device/moe_down.sh [all|table|tune]
 # all: the tiling sweep (graph replay, TP1/TP4 x tokens 1/4/16; triton-htile then takes its winners), then every variant's table for
 # TP1 and TP4 x tokens 1,4,16,64,512, eager and graph-replayed. Logs and JSON go to $OUT.
-# TILINGS="LABEL ...": the sweep tries only these tilings (b70bench moe-down --tilings).
+# TILINGS="LABEL ...": the sweep tries only these tilings (b70bench moe-down --tilings). NO_TUNED=1: the
+# tables use each variant's own tiling policy, not the sweep's winners.
 # par: the same on two GPUs at once: sweep TP1 on GPU 0 and TP4 on GPU 1, then the graph table on GPU 0 and the
 # eager table on GPU 1 (each table, with its copy anchor, from one GPU).
 set -u -o pipefail
@@ -44,7 +45,7 @@ for name in ("tune-tp1.json", "tune-tp4.json"):
 json.dump({**meta, "records": recs}, open(os.path.join(out, "tune.json"), "w"))
 print("merged", len(recs), "tuning rows")
 PY
-  TUNED=(); [[ -s $OUT/tune.json ]] && TUNED=(--tuned "$OUT/tune.json")
+  TUNED=(); [[ -s $OUT/tune.json && -z ${NO_TUNED:-} ]] && TUNED=(--tuned "$OUT/tune.json")
   CUDA_VISIBLE_DEVICES=0 bench "${TABLE_SECONDS:-110}" "${TUNED[@]}" ${GRAPH---graph} --json "$OUT/graph.json" > "$OUT/graph.log" 2>&1 &
   g=$!
   CUDA_VISIBLE_DEVICES=1 bench "${TABLE_SECONDS:-110}" "${TUNED[@]}" --json "$OUT/eager.json" > "$OUT/eager.log" 2>&1 &
