@@ -33,6 +33,9 @@ cases = [
     ("fp16", 3, C(block_m=2, block_n=32, block_k=64, split_k=2, num_stages=2, fused_reduce=True, packed=True)),
     # a K-block deeper than the split: one masked iteration issues all of the split's loads at once
     ("bf16", 1, C(block_m=1, block_n=32, block_k=512, split_k=2, fused_reduce=True, packed=True)),
+    # weights and scales repacked N-tile-major
+    ("bf16", 3, C(block_m=2, block_n=32, block_k=64, split_k=2, packed=True, tiled=True)),
+    ("fp16", 1, C(block_m=1, block_n=16, block_k=512, fused_reduce=True, tiled=True)),
 ]
 out = []
 for i, (dt, tokens, cfg) in enumerate(cases):

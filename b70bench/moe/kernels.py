@@ -21,6 +21,7 @@ K=16 plane dots it replaces (each goes through shared memory; 2-2.4x slower at 5
 from __future__ import annotations
 
 import os
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -215,7 +216,7 @@ def _moe_down_vec(x_ptr, qw_ptr, sc_ptr, pair_ptr, blk_expert_ptr, rw_ptr, part_
                   P, N, K, n_tiles,
                   TOPK: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                   BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, FUSED_REDUCE: tl.constexpr, ASM: tl.constexpr,
-                  STAGES: tl.constexpr, PACKED: tl.constexpr, HALF: tl.constexpr):
+                  STAGES: tl.constexpr, PACKED: tl.constexpr, HALF: tl.constexpr, TILED: tl.constexpr):
     """Decode: 1 or 2 pairs per block. Each pair accumulates elementwise products in a
     [BLOCK_K/8, BLOCK_N] fp32 tile laid out like the loaded words (2D, so every op keeps the
     load's layout); the word rows are summed once, after the K loop."""
@@ -228,8 +229,19 @@ def _moe_down_vec(x_ptr, qw_ptr, sc_ptr, pair_ptr, blk_expert_ptr, rw_ptr, part_
     rows = tl.arange(0, BLOCK_K // PACK_C)
     k_per = K // SPLIT_K
     k_lo = pid_k * k_per
-    qw_base = qw_ptr + expert * (K // PACK_C) * N
-    sc_base = sc_ptr + expert * (K // GROUP) * N
+    if TILED:
+        # Weights and scales repacked N-tile-major (tile_weights): this program's words are one
+        # contiguous run, read front to back, not BLOCK_N-wide pieces of rows N words apart.
+        tile = expert * n_tiles + pid_n
+        qw_base = qw_ptr + tile * (K // PACK_C) * BLOCK_N
+        sc_base = sc_ptr + tile * (K // GROUP) * BLOCK_N
+        w_cols = tl.arange(0, BLOCK_N)
+        w_stride = BLOCK_N
+    else:
+        qw_base = qw_ptr + expert * (K // PACK_C) * N
+        sc_base = sc_ptr + expert * (K // GROUP) * N
+        w_cols = offs_n
+        w_stride = N
     # Masks as vectors (rows * 0 + pair): Triton's interpreter rejects a scalar mask on a vector load.
     p0 = tl.load(pair_ptr + pid_m * BLOCK_M)
     x0 = x_ptr + p0.to(tl.int64) * K
@@ -248,8 +260,8 @@ def _moe_down_vec(x_ptr, qw_ptr, sc_ptr, pair_ptr, blk_expert_ptr, rw_ptr, part_
         cols = k0 + rows * PACK_C  # column 8r of this block: word row r's nibble 0
         r_ok = cols < k_lo + k_per
         ok = r_ok[:, None] & n_ok[None, :]
-        q = _load_words(qw_base, k0, rows, offs_n, ok, N)
-        s = _scales(sc_base, k0, rows, offs_n, ok, N, GROUP)
+        q = _load_words(qw_base, k0, rows, w_cols, ok, w_stride)
+        s = _scales(sc_base, k0, rows, w_cols, ok, w_stride, GROUP)
         ok0 = r_ok & ((rows * 0 + p0) < P)
         if BLOCK_M == 2:
             ok1 = r_ok & ((rows * 0 + p1) < P)
@@ -385,11 +397,13 @@ class Config:
     num_stages: int = 3
     fused_reduce: bool = False
     packed: bool = False  # decode blocks: 16x2 packed dequant and products (_word_dot) instead of fp32 planes
+    tiled: bool = False  # decode blocks: weights repacked N-tile-major once per weight set (tile_weights)
 
     def label(self) -> str:
         red = "fused" if self.fused_reduce else "sum"
+        flags = ("-packed" if self.packed else "") + ("-tiled" if self.tiled else "")
         return (f"m{self.block_m}n{self.block_n}k{self.block_k}s{self.split_k}"
-                f"w{self.num_warps}st{self.num_stages}{red}{'-packed' if self.packed else ''}")
+                f"w{self.num_warps}st{self.num_stages}{red}{flags}")
 
 
 DOT_MIN_M = 16  # tl.dot needs 16 rows; fewer pairs per block use the elementwise product instead
@@ -478,6 +492,22 @@ def check_config(cfg: Config, k: int, group: int) -> None:
         raise ValueError(f"K={k} does not split into {cfg.split_k} parts of whole {cfg.block_k}-blocks")
 
 
+_TILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def tile_weights(w: torch.Tensor, block_n: int) -> torch.Tensor:
+    """[E, R, N] -> [E, N/block_n, R, block_n] contiguous (packed words or scales), made once per
+    tensor and tile width and kept while the tensor lives: a layout chosen at load time, like
+    any repacking kernel's, so it is not part of a call's time."""
+    per = _TILED.setdefault(w, {})
+    if block_n not in per:
+        e, r, n = w.shape
+        if n % block_n:
+            raise ValueError(f"a tiled layout needs N={n} to be a multiple of block_n {block_n}")
+        per[block_n] = w.reshape(e, r, n // block_n, block_n).permute(0, 2, 1, 3).contiguous()
+    return per[block_n]
+
+
 def prepare(cfg: Config, qweight, scales, group: int, batch, out: torch.Tensor):
     """A no-argument callable computing out [T, N] for this batch; all metadata made here."""
     t, topk, k = batch.x.shape
@@ -500,13 +530,17 @@ def prepare(cfg: Config, qweight, scales, group: int, batch, out: torch.Tensor):
         kernel = _moe_down_vec
     else:
         raise ValueError(f"block_m {bm}: 1 or 2 pairs per block, or 16+ with a {DOT_K}-deep K-block in one group")
+    if (cfg.tiled or cfg.packed) and kernel is not _moe_down_vec:
+        raise ValueError(f"block_m {bm}: the packed and tiled options are for decode blocks (1-2 pairs) only")
     interpreted = os.environ.get("TRITON_INTERPRET") == "1"  # the interpreter runs no inline PTX
     sum_block = 256
     sum_grid = (t, triton.cdiv(n, sum_block))
 
     extra = {}
     if kernel is _moe_down_vec:
-        extra = dict(STAGES=cfg.num_stages, PACKED=cfg.packed, HALF=x.dtype == torch.float16)
+        extra = dict(STAGES=cfg.num_stages, PACKED=cfg.packed, HALF=x.dtype == torch.float16, TILED=cfg.tiled)
+        if cfg.tiled:
+            qweight, scales = tile_weights(qweight, cfg.block_n), tile_weights(scales, cfg.block_n)
         if cfg.packed and x.dtype not in (torch.float16, torch.bfloat16):
             raise ValueError(f"packed dequant needs fp16 or bf16 activations, not {x.dtype}")
 

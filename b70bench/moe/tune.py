@@ -126,7 +126,7 @@ def load_tuned(path) -> dict:
     return {key: Config(**r["tiling"]) if "tiling" in r else parse_label(r["config"]) for key, r in best.items()}
 
 
-LABEL = re.compile(r"m(\d+)n(\d+)k(\d+)s(\d+)w(\d+)st(\d+)(sum|fused)(-packed)?$")
+LABEL = re.compile(r"m(\d+)n(\d+)k(\d+)s(\d+)w(\d+)st(\d+)(sum|fused)(-packed)?(-tiled)?$")
 
 
 def parse_label(label: str):
@@ -137,7 +137,8 @@ def parse_label(label: str):
     if not m:
         raise ValueError(f"not a tiling label: {label!r}")
     bm, bn, bk, split, warps, stages = map(int, m.groups()[:6])
-    return Config(bm, bn, bk, split, warps, stages, m.group(7) == "fused", m.group(8) is not None)
+    return Config(bm, bn, bk, split, warps, stages, m.group(7) == "fused", m.group(8) is not None,
+                  m.group(9) is not None)
 
 
 def parse_tiling(label: str):
