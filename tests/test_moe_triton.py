@@ -21,3 +21,24 @@ def test_triton_kernels_match_float64_in_interpreter():
     for r in rows:
         assert r["ok"], r
         assert r["rel_err"] > 0  # a different summation order than float64: never bit-equal by chance
+
+
+def test_tile_weights_is_n_tile_major_made_once_and_dropped_with_its_tensor():
+    import gc
+
+    import torch
+
+    from b70bench.moe import kernels
+
+    w = torch.arange(2 * 3 * 8, dtype=torch.int32).reshape(2, 3, 8)
+    twin = w.clone()  # equal values, another tensor: its own tiled copy (never compared with ==)
+    a = kernels.tile_weights(w, 4)
+    assert kernels.tile_weights(w, 4) is a
+    assert kernels.tile_weights(twin, 4) is not a
+    assert a.shape == (2, 2, 3, 4) and torch.equal(a[1, 1], w[1, :, 4:8]) and a.is_contiguous()
+    held = len(kernels._TILED)
+    del w, a
+    gc.collect()
+    assert len(kernels._TILED) == held - 1
+    with pytest.raises(ValueError, match="multiple of block_n"):
+        kernels.tile_weights(twin, 3)

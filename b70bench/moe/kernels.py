@@ -492,14 +492,18 @@ def check_config(cfg: Config, k: int, group: int) -> None:
         raise ValueError(f"K={k} does not split into {cfg.split_k} parts of whole {cfg.block_k}-blocks")
 
 
-_TILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_TILED: dict[int, dict] = {}  # id(tensor) -> {block_n: tiled copy}, dropped with the tensor
 
 
 def tile_weights(w: torch.Tensor, block_n: int) -> torch.Tensor:
     """[E, R, N] -> [E, N/block_n, R, block_n] contiguous (packed words or scales), made once per
     tensor and tile width and kept while the tensor lives: a layout chosen at load time, like
     any repacking kernel's, so it is not part of a call's time."""
-    per = _TILED.setdefault(w, {})
+    # Keyed by id, not by the tensor: a WeakKeyDictionary compares tensors with ==, which is elementwise.
+    if id(w) not in _TILED:
+        _TILED[id(w)] = {}
+        weakref.finalize(w, _TILED.pop, id(w), None)
+    per = _TILED[id(w)]
     if block_n not in per:
         e, r, n = w.shape
         if n % block_n:
