@@ -42,3 +42,30 @@ def test_tile_weights_is_n_tile_major_made_once_and_dropped_with_its_tensor():
     assert len(kernels._TILED) == held - 1
     with pytest.raises(ValueError, match="multiple of block_n"):
         kernels.tile_weights(twin, 3)
+
+
+def test_sweep_records_a_failing_tiling_and_goes_on(monkeypatch):
+    """A tiling that raises (compile or launch) is a row with the reason; the next tiling still runs."""
+    from b70bench import device
+    from b70bench.moe import shapes, suite, tune
+
+    calls = []
+
+    def fake_check(v, *a, **k):
+        calls.append(v.config.label())
+        if v.config.block_n == 16:
+            raise RuntimeError("ptxas: too many resources\nmore")
+        return {"ok": True, "rel_err": 0.0}
+
+    monkeypatch.setattr(suite, "check", fake_check)
+    monkeypatch.setattr(suite, "_time", lambda *a, **k: {"time_us": 1.0})
+    monkeypatch.setattr(tune.varmod, "triton_reason", lambda dev: None)
+    monkeypatch.setattr(tune.copy, "anchor_gbps", lambda dev: 1.0)
+    shape = shapes.MoeShape(hidden=64, intermediate=256, experts=8, topk=2)
+    tilings = [tune.parse_tiling("m1n16k128s1w4st1fused"), tune.parse_tiling("m1n32k128s1w4st1fused")]
+    rows = tune.sweep(device.Device("cpu"), shape, (1,), (1,), shapes.DTYPES["bf16"], graph=False, repeat=1,
+                      tilings=tilings)
+    assert calls == ["m1n16k128s1w4st1fused", "m1n32k128s1w4st1fused"]
+    bad = [r for r in rows if r["config"] == "m1n16k128s1w4st1fused"][0]
+    assert bad["skipped"] == "failed: RuntimeError: ptxas: too many resources" and "time_us" not in bad
+    assert [r for r in rows if r["config"] == "m1n32k128s1w4st1fused"][0]["time_us"] == 1.0

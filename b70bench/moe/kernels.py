@@ -398,10 +398,12 @@ class Config:
     fused_reduce: bool = False
     packed: bool = False  # decode blocks: 16x2 packed dequant and products (_word_dot) instead of fp32 planes
     tiled: bool = False  # decode blocks: weights repacked N-tile-major once per weight set (tile_weights)
+    maxnreg: int = 0  # registers per thread ptxas may use (0: its choice); fewer = more programs resident
 
     def label(self) -> str:
         red = "fused" if self.fused_reduce else "sum"
         flags = ("-packed" if self.packed else "") + ("-tiled" if self.tiled else "")
+        flags += f"-r{self.maxnreg}" if self.maxnreg else ""
         return (f"m{self.block_m}n{self.block_n}k{self.block_k}s{self.split_k}"
                 f"w{self.num_warps}st{self.num_stages}{red}{flags}")
 
@@ -536,13 +538,13 @@ def prepare(cfg: Config, qweight, scales, group: int, batch, out: torch.Tensor):
         raise ValueError(f"block_m {bm}: 1 or 2 pairs per block, or 16+ with a {DOT_K}-deep K-block in one group")
     if (cfg.tiled or cfg.packed) and kernel is not _moe_down_vec:
         raise ValueError(f"block_m {bm}: the packed and tiled options are for decode blocks (1-2 pairs) only")
-    interpreted = os.environ.get("TRITON_INTERPRET") == "1"  # the interpreter runs no inline PTX
     sum_block = 256
     sum_grid = (t, triton.cdiv(n, sum_block))
 
-    extra = {}
+    interpreted = os.environ.get("TRITON_INTERPRET") == "1"  # the interpreter runs no inline PTX
+    extra = {"maxnreg": cfg.maxnreg} if cfg.maxnreg and not interpreted else {}
     if kernel is _moe_down_vec:
-        extra = dict(STAGES=cfg.num_stages, PACKED=cfg.packed, HALF=x.dtype == torch.float16, TILED=cfg.tiled)
+        extra.update(STAGES=cfg.num_stages, PACKED=cfg.packed, HALF=x.dtype == torch.float16, TILED=cfg.tiled)
         if cfg.tiled:
             qweight, scales = tile_weights(qweight, cfg.block_n), tile_weights(scales, cfg.block_n)
         if cfg.packed and x.dtype not in (torch.float16, torch.bfloat16):

@@ -97,8 +97,13 @@ def sweep(dev, shape, tps, tokens, dtype, graph: bool = True, repeat: int = 10, 
                 row = dict(tp=tp, tokens=ntok, k=k, n=shape.hidden, config=cfg.label(), tiling=asdict(cfg),
                            experts_hit=probe.experts_hit,
                            programs=blocks * -(-shape.hidden // cfg.block_n) * cfg.split_k, graph=graph)
-                row.update(suite.check(v, ref, shape, wsets[0], k, ntok, dtype, dev, seed + 31 * ntok))
-                row.update(suite._time(dev, v, wsets, batches, graph, repeat, 3, mean_bytes, anchor))
+                try:
+                    row.update(suite.check(v, ref, shape, wsets[0], k, ntok, dtype, dev, seed + 31 * ntok))
+                    row.update(suite._time(dev, v, wsets, batches, graph, repeat, 3, mean_bytes, anchor))
+                except Exception as err:  # one tiling that fails to compile or launch must not end the sweep
+                    dev.synchronize()
+                    first = (str(err).splitlines() or [""])[0][:200]
+                    row["skipped"] = f"failed: {type(err).__name__}: {first}"
                 rows.append(records.record("moe-down-tune", fingerprint=fp, **row))
             del wsets, batches
             dev.empty_cache()
@@ -126,7 +131,7 @@ def load_tuned(path) -> dict:
     return {key: Config(**r["tiling"]) if "tiling" in r else parse_label(r["config"]) for key, r in best.items()}
 
 
-LABEL = re.compile(r"m(\d+)n(\d+)k(\d+)s(\d+)w(\d+)st(\d+)(sum|fused)(-packed)?(-tiled)?$")
+LABEL = re.compile(r"m(\d+)n(\d+)k(\d+)s(\d+)w(\d+)st(\d+)(sum|fused)(-packed)?(-tiled)?(?:-r(\d+))?$")
 
 
 def parse_label(label: str):
@@ -138,7 +143,7 @@ def parse_label(label: str):
         raise ValueError(f"not a tiling label: {label!r}")
     bm, bn, bk, split, warps, stages = map(int, m.groups()[:6])
     return Config(bm, bn, bk, split, warps, stages, m.group(7) == "fused", m.group(8) is not None,
-                  m.group(9) is not None)
+                  m.group(9) is not None, int(m.group(10) or 0))
 
 
 def parse_tiling(label: str):
