@@ -157,10 +157,10 @@ class TritonVariant:
     """The fused dequant + grouped GEMM (b70bench.moe.kernels), with a tiling policy.
 
     `triton`: one program per (expert block, N-tile of 128; 64 for dot blocks), whole K, a
-    second kernel sums the top-k partials. `triton-htile`: finer tiles along N, the top-k/split
-    sum done in-kernel by the last arrival; decode (1-2 pairs per expert): one pair per block,
-    32-wide N-tiles of 2 warps, K-blocks of up to 512 and packed 16x2 dequant; dot blocks:
-    32-wide N-tiles, split-K until the grid fills the device several times over.
+    second kernel sums the top-k partials. `triton-htile`: finer tiles along N. Decode (1-2 pairs
+    per expert): one pair per block, 32-wide N-tiles of 2 warps, K-blocks of up to 512, packed
+    16x2 dequant, second-kernel sum; dot blocks: 32-wide N-tiles, split-K until the grid fills the
+    device several times over, the top-k/split sum done in-kernel by the last arrival.
     `config` pins one tiling (the tuning sweep uses it); `tuned` maps (K, N, tokens) to the
     sweep's fastest correct tiling (`b70bench moe-down --tuned tune.json`).
     """
@@ -190,11 +190,12 @@ class TritonVariant:
             return replace(cfg, **self.overrides)
         if not dot:
             # Decode: bound by the bytes each SM has in flight (ncu: 0.5 waves, 30% of DRAM peak with
-            # 64-wide tiles looping over K). Narrow tiles, 2 warps, and a split's whole K (up to 512)
-            # per load give each thread 32 words in flight; the packed dequant cuts the issue load.
-            # H200 sweeps: results/moe-down-h200.md, run 6.
+            # 64-wide tiles looping over K). Narrow tiles, 2 warps, and up to 512 of K per load give each
+            # thread 32 words in flight; the packed dequant cuts the issue load; the second-kernel sum
+            # beats the in-kernel one from 4 tokens on and ties at 1. H200 sweeps: results/moe-down-h200.md,
+            # runs 6-10 (pipelining, a tiled weight layout and register caps did not pay).
             bk = min(512, 1 << max(7, (k - 1).bit_length()))
-            cfg = kernels.Config(block_m=1, block_n=32, block_k=bk, num_warps=2, num_stages=1, fused_reduce=True,
+            cfg = kernels.Config(block_m=1, block_n=32, block_k=bk, num_warps=2, num_stages=1, fused_reduce=False,
                                  packed=batch.x.dtype in (torch.float16, torch.bfloat16))
             return replace(cfg, **self.overrides)
         bn = 32
