@@ -36,6 +36,9 @@ cases = [
     # weights and scales repacked N-tile-major
     ("bf16", 3, C(block_m=2, block_n=32, block_k=64, split_k=2, packed=True, tiled=True)),
     ("fp16", 1, C(block_m=1, block_n=16, block_k=512, fused_reduce=True, tiled=True)),
+    # nibbles reordered so each x pair is one 32-bit load
+    ("bf16", 3, C(block_m=2, block_n=32, block_k=512, packed=True, paired=True, tiled=True)),
+    ("fp16", 1, C(block_m=1, block_n=32, block_k=64, split_k=2, packed=True, paired=True)),
 ]
 out = []
 for i, (dt, tokens, cfg) in enumerate(cases):

@@ -77,6 +77,12 @@ def _plane(q, q_hi, J: tl.constexpr, ASM: tl.constexpr):
 
 
 @triton.jit
+def _x_pair_adjacent(x_row, cols, ok, J: tl.constexpr):
+    """x at columns 8r+2J and 8r+2J+1 as one 32-bit load: the pairing of pair_nibbles' words."""
+    return tl.load(x_row.to(tl.pointer_type(tl.int32)) + cols // 2 + J, mask=ok, other=0)
+
+
+@triton.jit
 def _x_pair(x_row, cols, ok, J: tl.constexpr):
     """x at columns 8r+J (low half) and 8r+J+4 (high half) of each word row r as one 32-bit
     register: the pairing one LOP3 yields from a word (nibbles J and J+4 are 16 bits apart)."""
@@ -216,7 +222,8 @@ def _moe_down_vec(x_ptr, qw_ptr, sc_ptr, pair_ptr, blk_expert_ptr, rw_ptr, part_
                   P, N, K, n_tiles,
                   TOPK: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                   BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, FUSED_REDUCE: tl.constexpr, ASM: tl.constexpr,
-                  STAGES: tl.constexpr, PACKED: tl.constexpr, HALF: tl.constexpr, TILED: tl.constexpr):
+                  STAGES: tl.constexpr, PACKED: tl.constexpr, HALF: tl.constexpr, TILED: tl.constexpr,
+                  PAIRED: tl.constexpr):
     """Decode: 1 or 2 pairs per block. Each pair accumulates elementwise products in a
     [BLOCK_K/8, BLOCK_N] fp32 tile laid out like the loaded words (2D, so every op keeps the
     load's layout); the word rows are summed once, after the K loop."""
@@ -265,7 +272,13 @@ def _moe_down_vec(x_ptr, qw_ptr, sc_ptr, pair_ptr, blk_expert_ptr, rw_ptr, part_
         ok0 = r_ok & ((rows * 0 + p0) < P)
         if BLOCK_M == 2:
             ok1 = r_ok & ((rows * 0 + p1) < P)
-        if PACKED:
+        if PACKED and PAIRED:  # words from pair_nibbles: each x pair is one 32-bit load
+            blk0 = _word_dot(q, _x_pair_adjacent(x0, cols, ok0, 0), _x_pair_adjacent(x0, cols, ok0, 1),
+                             _x_pair_adjacent(x0, cols, ok0, 2), _x_pair_adjacent(x0, cols, ok0, 3), HALF, ASM)
+            if BLOCK_M == 2:
+                blk1 = _word_dot(q, _x_pair_adjacent(x1, cols, ok1, 0), _x_pair_adjacent(x1, cols, ok1, 1),
+                                 _x_pair_adjacent(x1, cols, ok1, 2), _x_pair_adjacent(x1, cols, ok1, 3), HALF, ASM)
+        elif PACKED:
             blk0 = _word_dot(q, _x_pair(x0, cols, ok0, 0), _x_pair(x0, cols, ok0, 1), _x_pair(x0, cols, ok0, 2),
                              _x_pair(x0, cols, ok0, 3), HALF, ASM)
             if BLOCK_M == 2:
@@ -399,11 +412,12 @@ class Config:
     packed: bool = False  # decode blocks: 16x2 packed dequant and products (_word_dot) instead of fp32 planes
     tiled: bool = False  # decode blocks: weights repacked N-tile-major once per weight set (tile_weights)
     maxnreg: int = 0  # registers per thread ptxas may use (0: its choice); fewer = more programs resident
+    paired: bool = False  # packed decode: nibbles reordered (pair_nibbles) so x pairs are single 32-bit loads
 
     def label(self) -> str:
         red = "fused" if self.fused_reduce else "sum"
-        flags = ("-packed" if self.packed else "") + ("-tiled" if self.tiled else "")
-        flags += f"-r{self.maxnreg}" if self.maxnreg else ""
+        flags = ("-packed" if self.packed else "") + ("-paired" if self.paired else "")
+        flags += ("-tiled" if self.tiled else "") + (f"-r{self.maxnreg}" if self.maxnreg else "")
         return (f"m{self.block_m}n{self.block_n}k{self.block_k}s{self.split_k}"
                 f"w{self.num_warps}st{self.num_stages}{red}{flags}")
 
@@ -494,24 +508,44 @@ def check_config(cfg: Config, k: int, group: int) -> None:
         raise ValueError(f"K={k} does not split into {cfg.split_k} parts of whole {cfg.block_k}-blocks")
 
 
-_TILED: dict[int, dict] = {}  # id(tensor) -> {block_n: tiled copy}, dropped with the tensor
+_DERIVED: dict[int, dict] = {}  # id(tensor) -> {key: derived layout}, dropped with the tensor
+
+
+def _derived(w: torch.Tensor, key, make) -> torch.Tensor:
+    """A layout made from w once and kept while w lives: chosen at load time, like any repacking
+    kernel's, so it is not part of a call's time."""
+    # Keyed by id, not by the tensor: a WeakKeyDictionary compares tensors with ==, which is elementwise.
+    if id(w) not in _DERIVED:
+        _DERIVED[id(w)] = {}
+        weakref.finalize(w, _DERIVED.pop, id(w), None)
+    per = _DERIVED[id(w)]
+    if key not in per:
+        per[key] = make()
+    return per[key]
 
 
 def tile_weights(w: torch.Tensor, block_n: int) -> torch.Tensor:
-    """[E, R, N] -> [E, N/block_n, R, block_n] contiguous (packed words or scales), made once per
-    tensor and tile width and kept while the tensor lives: a layout chosen at load time, like
-    any repacking kernel's, so it is not part of a call's time."""
-    # Keyed by id, not by the tensor: a WeakKeyDictionary compares tensors with ==, which is elementwise.
-    if id(w) not in _TILED:
-        _TILED[id(w)] = {}
-        weakref.finalize(w, _TILED.pop, id(w), None)
-    per = _TILED[id(w)]
-    if block_n not in per:
-        e, r, n = w.shape
-        if n % block_n:
-            raise ValueError(f"a tiled layout needs N={n} to be a multiple of block_n {block_n}")
-        per[block_n] = w.reshape(e, r, n // block_n, block_n).permute(0, 2, 1, 3).contiguous()
-    return per[block_n]
+    """[E, R, N] -> [E, N/block_n, R, block_n] contiguous (packed words or scales)."""
+    e, r, n = w.shape
+    if n % block_n:
+        raise ValueError(f"a tiled layout needs N={n} to be a multiple of block_n {block_n}")
+    return _derived(w, ("tiled", block_n),
+                    lambda: w.reshape(e, r, n // block_n, block_n).permute(0, 2, 1, 3).contiguous())
+
+
+PAIRED_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # nibble p of a paired word holds k = 8r + PAIRED_ORDER[p]
+
+
+def pair_nibbles(qweight: torch.Tensor) -> torch.Tensor:
+    """Words whose nibbles i and i+4 (the two halves one LOP3 extracts) hold k = 8r+2i and 8r+2i+1,
+    so the packed path's x pair is one aligned 32-bit load instead of two 16-bit loads and a pack."""
+    def make():
+        out = torch.zeros_like(qweight)
+        for p, k in enumerate(PAIRED_ORDER):
+            out |= ((qweight >> (4 * k)) & 15) << (4 * p)
+        return out
+
+    return _derived(qweight, "paired", make)
 
 
 def prepare(cfg: Config, qweight, scales, group: int, batch, out: torch.Tensor):
@@ -544,7 +578,12 @@ def prepare(cfg: Config, qweight, scales, group: int, batch, out: torch.Tensor):
     interpreted = os.environ.get("TRITON_INTERPRET") == "1"  # the interpreter runs no inline PTX
     extra = {"maxnreg": cfg.maxnreg} if cfg.maxnreg and not interpreted else {}
     if kernel is _moe_down_vec:
-        extra.update(STAGES=cfg.num_stages, PACKED=cfg.packed, HALF=x.dtype == torch.float16, TILED=cfg.tiled)
+        extra.update(STAGES=cfg.num_stages, PACKED=cfg.packed, HALF=x.dtype == torch.float16, TILED=cfg.tiled,
+                     PAIRED=cfg.paired)
+        if cfg.paired and not cfg.packed:
+            raise ValueError("paired nibbles serve the packed path: add -packed")
+        if cfg.paired:
+            qweight = pair_nibbles(qweight)
         if cfg.tiled:
             qweight, scales = tile_weights(qweight, cfg.block_n), tile_weights(scales, cfg.block_n)
         if cfg.packed and x.dtype not in (torch.float16, torch.bfloat16):
