@@ -22,7 +22,7 @@ SUBCOMMAND_MODULES = (
     "b70bench.moe.cli",
     "b70bench.decode.cli",
     "b70bench.summarize",
-    "b70bench.patches",
+    "b70bench.patches.cli",
     "b70bench.cachekey",
     "b70bench.revisions",
     "b70bench.kernel_vs_model",

@@ -174,7 +174,7 @@ def test_edited_after_apply_is_reported_and_restore_needs_force(env, tmp_path):
 def test_ctrl_c_mid_apply_rolls_back(env, tmp_path, monkeypatch):
     ps = two_patch_set(tmp_path / "p")
     before = snapshot(site_of(env))
-    real = patches._write_target
+    real = patches.journal._write_target
     calls = []
 
     def interrupted(path, data, mode):
@@ -183,10 +183,10 @@ def test_ctrl_c_mid_apply_rolls_back(env, tmp_path, monkeypatch):
             raise KeyboardInterrupt
         real(path, data, mode)
 
-    monkeypatch.setattr(patches, "_write_target", interrupted)
+    monkeypatch.setattr(patches.journal, "_write_target", interrupted)
     with pytest.raises(KeyboardInterrupt):
         patches.apply(ps, env)
-    monkeypatch.setattr(patches, "_write_target", real)
+    monkeypatch.setattr(patches.journal, "_write_target", real)
     assert snapshot(site_of(env)) == before
     assert patches.read_journal(env) is None and not env.state_file.exists()
 
@@ -195,14 +195,14 @@ CRASH_DRIVER = """
 import os, sys
 from pathlib import Path
 from b70bench import patches
-real = patches._write_target
+real = patches.journal._write_target
 n = []
 def crash(path, data, mode):
     n.append(path)
     if len(n) == 2:
         os._exit(9)  # no finally blocks, no rollback: a killed process
     real(path, data, mode)
-patches._write_target = crash
+patches.journal._write_target = crash
 env = patches.Env(Path(sys.argv[1]), (sys.argv[2],))
 patches.apply(patches.load(sys.argv[3]), env)
 """

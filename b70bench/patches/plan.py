@@ -1,0 +1,117 @@
+"""Check a patch set against an environment and compute every file's patched bytes, writing nothing."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from b70bench import unidiff
+from b70bench.errors import UsageError
+from b70bench.patches.installed import Env, _sha, find_distribution, record_hashes
+from b70bench.patches.series import PatchSet, Target
+from b70bench.patches.versions import version_matches
+
+
+@dataclass
+class Resolved:
+    target: Target
+    root: Path
+    version: str | None = None
+    dist: object = None  # importlib.metadata.Distribution for dist targets
+
+    def fix_command(self) -> str:
+        if self.target.kind == "dist":
+            name = self.dist.metadata["Name"]
+            return f"{sys.executable} -m pip install --force-reinstall --no-deps '{name}=={self.version}'"
+        return f"git -C {self.root} checkout -- . (then rebuild: {self.target.build or 'no build command'})"
+
+
+@dataclass
+class Change:
+    resolved: Resolved
+    rel: str  # path inside the target root
+    original: bytes | None
+    patched: bytes | None
+    patches: list[str] = field(default_factory=list)
+
+    @property
+    def path(self) -> Path:
+        return self.resolved.root / self.rel
+
+
+def resolve(target: Target, env: Env, patch_name: str) -> Resolved:
+    if target.kind == "dist":
+        dist = find_distribution(env, target.name)
+        if dist is None:
+            raise UsageError(f"patch {patch_name} targets distribution {target.name!r}, which is not installed in "
+                             f"{env.prefix}: install it, or drop the patch from the series")
+        version = dist.version
+        if not version_matches(version, target.spec):
+            raise UsageError(f"patch {patch_name} is written for {target.name}{target.spec} but {env.prefix} has "
+                             f"{dist.metadata['Name']} {version}: use a patch set for {version} or install the "
+                             f"version the patch names")
+        return Resolved(target, Path(dist.locate_file("")).resolve(), version, dist)
+    root = Path(target.name)
+    if not root.is_dir():
+        raise UsageError(f"patch {patch_name} targets source tree {root}, which does not exist: clone it there "
+                         f"or fix the B70bench-Target line")
+    return Resolved(target, root)
+
+
+def _pristine_problems(res: Resolved, changes: list[Change]) -> list[str]:
+    """Files of one target that are not as installed (dist: RECORD; tree: git HEAD)."""
+    problems = []
+    if res.target.kind == "dist":
+        recorded = record_hashes(res.dist)
+        for ch in changes:
+            have = _sha(ch.original)
+            if ch.rel in recorded:
+                if have is None:
+                    problems.append(f"{ch.rel} (missing; RECORD lists it)")
+                elif have != recorded[ch.rel][0]:
+                    problems.append(f"{ch.rel} (sha256 differs from RECORD)")
+            elif have is not None:
+                problems.append(f"{ch.rel} (not in RECORD, so it cannot be verified; a leftover of an earlier patch?)")
+        return problems
+    rels = [ch.rel for ch in changes]
+    try:
+        out = subprocess.run(["git", "-C", str(res.root), "status", "--porcelain", "--", *rels],
+                             capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        return [f"{res.root}: cannot ask git whether the tree is pristine ({err})"]
+    if out.returncode != 0:
+        return [f"{res.root} is not a git checkout, so it cannot be verified pristine ({out.stderr.strip()})"]
+    return [f"{line[3:]} ({line[:2].strip()} in git status)" for line in out.stdout.splitlines() if line.strip()]
+
+
+def plan(ps: PatchSet, env: Env, check_pristine: bool = True) -> list[Change]:
+    """Every file the set changes, with its original and patched bytes; raises UsageError if any step would fail."""
+    changes: dict[Path, Change] = {}
+    resolved: dict[Target, Resolved] = {}
+    for patch in ps.patches:
+        res = resolved.get(patch.target) or resolved.setdefault(patch.target, resolve(patch.target, env, patch.name))
+        for fd in patch.files:
+            path = res.root / fd.path
+            if path not in changes:
+                data = path.read_bytes() if path.exists() else None
+                changes[path] = Change(res, fd.path, data, data)
+    if check_pristine:  # before the hunks: "your vLLM was edited" says more than "hunk 3 fails"
+        for res in resolved.values():
+            problems = _pristine_problems(res, [c for c in changes.values() if c.resolved is res])
+            if problems:
+                raise UsageError(f"{res.target.label} is not pristine in {env.prefix}: {'; '.join(problems)}. "
+                                 f"Fix: {res.fix_command()}. Nothing was changed")
+    for patch in ps.patches:
+        res = resolved[patch.target]
+        for fd in patch.files:
+            ch = changes[res.root / fd.path]
+            try:
+                ch.patched = unidiff.apply(ch.patched, fd)
+            except unidiff.PatchError as err:
+                raise UsageError(f"patch {patch.name} does not apply to {res.target.label} "
+                                 f"({res.version or res.root}): {err}. Nothing was changed") from None
+            ch.patches.append(patch.name)
+    return list(changes.values())
+
