@@ -158,8 +158,9 @@ class TritonVariant:
 
     `triton`: one program per (expert block, N-tile of 128; 64 for dot blocks), whole K, a
     second kernel sums the top-k partials. `triton-htile`: finer tiles along N. Decode (1-2 pairs
-    per expert): one pair per block, 32-wide N-tiles of 2 warps, K-blocks of up to 512, packed
-    16x2 dequant, second-kernel sum; dot blocks: 32-wide N-tiles, split-K until the grid fills the
+    per expert): one pair per block, 32-wide N-tiles of 2 warps, K-blocks of up to 512 (64-wide, 4
+    warps, 128-deep for K <= 512 and several tokens), packed 16x2 dequant on paired nibbles,
+    second-kernel sum; dot blocks: 32-wide N-tiles, split-K until the grid fills the
     device several times over, the top-k/split sum done in-kernel by the last arrival.
     `config` pins one tiling (the tuning sweep uses it); `tuned` maps (K, N, tokens) to the
     sweep's fastest correct tiling (`b70bench moe-down --tuned tune.json`).
@@ -194,9 +195,16 @@ class TritonVariant:
             # thread 32 words in flight; the packed dequant cuts the issue load; the second-kernel sum
             # beats the in-kernel one from 4 tokens on and ties at 1. H200 sweeps: results/moe-down-h200.md,
             # runs 6-10 (pipelining, a tiled weight layout and register caps did not pay).
-            bk = min(512, 1 << max(7, (k - 1).bit_length()))
-            cfg = kernels.Config(block_m=1, block_n=32, block_k=bk, num_warps=2, num_stages=1, fused_reduce=False,
-                                 packed=batch.x.dtype in (torch.float16, torch.bfloat16))
+            # Paired nibbles: the activation pairs are single loads (1-4% in run 12). A short K (TP4's 384)
+            # with several tokens does better with 64-wide tiles of 4 warps looping over 128-deep blocks
+            # (TP4 tokens 4/16: 12.0/31.9 vs 13.5/37.2 us).
+            packed = batch.x.dtype in (torch.float16, torch.bfloat16)
+            if k <= 512 and batch.tokens > 1:
+                bn, bk, warps = 64, 128, 4
+            else:
+                bn, bk, warps = 32, min(512, 1 << max(7, (k - 1).bit_length())), 2
+            cfg = kernels.Config(block_m=1, block_n=bn, block_k=bk, num_warps=warps, num_stages=1,
+                                 fused_reduce=False, packed=packed, paired=packed)
             return replace(cfg, **self.overrides)
         bn = 32
         n_blocks = sum(-(-c // bm) for c in torch.bincount(batch.ids_cpu.flatten()).tolist() if c)
