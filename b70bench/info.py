@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 from b70bench import cli, copy, records, suites
 from b70bench import device as devmod
 from b70bench.fingerprint import fingerprint
@@ -18,12 +16,8 @@ def run(args) -> int:
         out = {"fingerprint": fp,
                "suites": {name: {"runs": reason is None, "reason": reason} for name, reason in avail.items()},
                "anchor": anchor}
-        text = json.dumps(out, indent=2, default=str)
-        if args.json == "-":
-            print(text)
-        else:
-            records.atomic_write_text(args.json, text + "\n")
-    if args.json != "-":
+        records.emit_json(args.json, out)
+    if args.json != records.STDOUT:
         width = max(map(len, fp))
         for key, value in fp.items():
             print(f"{key.ljust(width)}  {value if value is not None else '-'}")

@@ -133,10 +133,9 @@ def run(args) -> int:
     flagged = [r["commit"][:10] for r in rows if r["flag"]]
     if flagged:
         print(f"\nkernel faster but decode slower at: {', '.join(flagged)} (a kernel win is not a model win)")
-    if args.json == "-":
-        print(json.dumps(rows, indent=2))
-    elif args.json:
-        records.write_json(args.json, rows)
+    if args.json:
+        # stdout has always carried the bare list, a file the {"records": ...} that records.read_json also reads
+        records.emit_json(args.json, rows if args.json == records.STDOUT else {"records": rows})
     return 0
 
 

@@ -45,8 +45,25 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     atomic_write_bytes(path, text.encode())
 
 
+# `--json -`: stdout, not a file named "-".
+STDOUT = "-"
+
+
+def _json_text(obj) -> str:
+    return json.dumps(obj, indent=2, default=str) + "\n"
+
+
 def write_json(path: str | os.PathLike, records: list[dict], **extra) -> None:
-    atomic_write_text(path, json.dumps({**extra, "records": records}, indent=2, default=str) + "\n")
+    atomic_write_text(path, _json_text({**extra, "records": records}))
+
+
+def emit_json(dest: str | os.PathLike, obj) -> None:
+    """obj as JSON on stdout when dest is '-', else written atomically to the file dest."""
+    text = _json_text(obj)
+    if str(dest) == STDOUT:
+        print(text, end="")
+    else:
+        atomic_write_text(dest, text)
 
 
 def read_json(path: str | os.PathLike) -> list[dict]:

@@ -124,11 +124,9 @@ def _table_row(row: dict) -> dict:
 def run(args) -> int:
     rows = collect(args.paths)
     if args.json:
-        text = json.dumps({"rows": rows}, indent=2, default=str)
-        if args.json == "-":
-            print(text)
+        records.emit_json(args.json, {"rows": rows})
+        if args.json == records.STDOUT:
             return 0
-        records.atomic_write_text(args.json, text + "\n")
     print(records.format_table([_table_row(r) for r in rows], COLUMNS))
     for row in rows:
         marks = (row.get("backends") or []) + (row.get("custom_op_markers") or [])
