@@ -30,8 +30,8 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes, mode: int | None = 
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
-        if mode is not None:
-            os.chmod(tmp, mode)
+        # mkstemp makes the file 0600; a result file should read like any other the user writes.
+        os.chmod(tmp, mode if mode is not None else 0o666 & ~_umask())
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -39,6 +39,12 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes, mode: int | None = 
         except FileNotFoundError:
             pass
         raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
@@ -54,7 +60,8 @@ def _json_text(obj) -> str:
 
 
 def write_json(path: str | os.PathLike, records: list[dict], **extra) -> None:
-    atomic_write_text(path, _json_text({**extra, "records": records}))
+    """{**extra, "records": records} to the file path, or to stdout when path is '-'."""
+    emit_json(path, {**extra, "records": records})
 
 
 def emit_json(dest: str | os.PathLike, obj) -> None:

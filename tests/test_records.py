@@ -35,3 +35,21 @@ def test_table_aligns_and_formats():
     lines = text.splitlines()
     assert len({len(line) for line in lines}) == 1
     assert "1235" in lines[1] and "1.23e-04" in lines[2] and lines[2].endswith("-")
+
+
+def test_dash_means_stdout_for_every_json_writer(tmp_path, monkeypatch, capsys):
+    """`--json -` prints the records; it must never create a file named '-' (it did for copy,
+    allreduce, moe-down, cache-key and decode, which called write_json directly)."""
+    monkeypatch.chdir(tmp_path)
+    records.write_json("-", [{"a": 1}], fingerprint={"host": "x"})
+    assert json.loads(capsys.readouterr().out) == {"fingerprint": {"host": "x"}, "records": [{"a": 1}]}
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_written_files_follow_the_umask_not_mkstemp(tmp_path):
+    old = os.umask(0o022)
+    try:
+        records.write_json(tmp_path / "r.json", [])
+    finally:
+        os.umask(old)
+    assert (tmp_path / "r.json").stat().st_mode & 0o777 == 0o644
