@@ -13,6 +13,10 @@ loaded tile's own layout, each multiplied by the activations at the matching str
 columns. The register tile is used as loaded: no shared-memory round trip, no barrier
 between K-blocks. Decode (1-2 pairs per block) accumulates elementwise products into a
 [BLOCK_M, BLOCK_K/8, BLOCK_N] fp32 tile and reduces it over the word rows once, at the end.
+Decode options (Config): `packed` (16x2 dequant and products per word, _word_dot), `paired`
+(nibbles reordered once per weight set so each activation pair is one 32-bit load), `tiled`
+(weights N-tile-major), `maxnreg`, and K-blocks deeper than the split (masked). What each
+bought on the H200: results/moe-down-h200.md.
 Blocks of 16 pairs take one tensor-core dot per nibble plane. Blocks of 32+ pairs (prefill)
 do interleave: one dot over the whole K-block, which at that size is cheaper than the eight
 K=16 plane dots it replaces (each goes through shared memory; 2-2.4x slower at 512 tokens).
@@ -258,7 +262,7 @@ def _moe_down_vec(x_ptr, qw_ptr, sc_ptr, pair_ptr, blk_expert_ptr, rw_ptr, part_
         x1 = x_ptr + p1.to(tl.int64) * K
         acc1 = tl.zeros((BLOCK_K // PACK_C, BLOCK_N), dtype=tl.float32)
     # STAGES > 1 asks Triton to pipeline the loop's loads (cp.async into shared memory, STAGES-1
-    # K-blocks ahead): more bytes in flight per SM than the registers of the resident programs hold.
+    # K-blocks ahead). Measured slower at every decode shape on the H200 (run 5); kept for the sweep.
     # A K-block deeper than the split (BLOCK_K > k_per, e.g. 512 for TP4's 384) is one masked
     # iteration: the whole split's loads are issued at once, which a loop of dependent K-blocks
     # cannot do (decode rows are bound by the bytes each SM has in flight; results/moe-down-h200.md).
