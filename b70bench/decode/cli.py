@@ -79,7 +79,8 @@ def run(args) -> int:
         engine_args=suite.parse_engine_args(args.engine_arg), runs=args.runs, cold=not args.no_cold,
         iterations=args.iterations, canaries=canaries, tokenizer=args.tokenizer,
         hooks=[hooksmod.resolve(h) for h in args.hook or []], out_dir=out_dir,
-        timeout_s=args.timeout, gate_file=args.gate_file, device=dev, on_record=_progress)
+        timeout_s=args.timeout, gate_file=args.gate_file, device=dev, fixed_layout=args.fixed_layout,
+        on_record=_progress)
     print(records.format_table(recs, COLUMNS))
     summary = warm_summary(recs)
     if summary:
@@ -122,6 +123,8 @@ def register(sub) -> None:
     p.add_argument("--canaries", default=None, metavar="FILE",
                    help='canaries file: JSON [{"prompt", "expected", "max_tokens"}] or PROMPT=>EXPECTED lines')
     p.add_argument("--tokenizer", default=None, help="tokenizer path for the canaries (default: the model's)")
+    p.add_argument("--fixed-layout", action="store_true",
+                   help="start vLLM with ASLR off and PYTHONHASHSEED=0 (same memory layout every start)")
     p.add_argument("--timeout", type=float, default=suite.DEFAULT_TIMEOUT_S, help="seconds per run before it is killed")
     p.add_argument("--out-dir", default=None, help="where vLLM logs go (default: next to --json, else ~/.cache)")
     p.add_argument("--gate-file", default=None, help=f"pinned hashes (default {gate.GATES_FILE})")

@@ -8,8 +8,11 @@ waits until no process of that group is alive before it returns.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+import platform
+import shutil
 import signal
 import subprocess
 import sys
@@ -108,9 +111,28 @@ def _result_line(text: str) -> dict | None:
     return None
 
 
+@functools.cache
+def no_aslr_prefix() -> tuple[str, ...]:
+    """`setarch <arch> -R`: start a command with address-space randomization off, where that works here.
+
+    With PYTHONHASHSEED fixed too, every start of the same code gets the same memory layout, which
+    rules the layout out as a cause of run-to-run spread (it was not the cause here: results/decode.md).
+    Unprivileged; empty where setarch is missing or refuses (then nothing changes).
+    """
+    exe = shutil.which("setarch")
+    if not exe:
+        return ()
+    prefix = (exe, platform.machine(), "-R")
+    try:
+        ok = subprocess.run([*prefix, "true"], capture_output=True, timeout=10).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        ok = False
+    return prefix if ok else ()
+
+
 def run_child(spec: dict, log_path: Path, *, env: dict[str, str], timeout_s: float,
               header: list[str] | None = None, python: str | None = None,
-              module: str = "b70bench.decode.child") -> ChildRun:
+              module: str = "b70bench.decode.child", prefix: tuple[str, ...] | list[str] = ()) -> ChildRun:
     """Start the child, wait up to timeout_s, clean its group, and read its one result line."""
     log_path = Path(log_path)
     log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -121,8 +143,10 @@ def run_child(spec: dict, log_path: Path, *, env: dict[str, str], timeout_s: flo
             logf.write(line + "\n")
         logf.flush()
         t0 = time.perf_counter()
-        proc = subprocess.Popen([python or sys.executable, "-m", module, str(spec_path)], stdin=subprocess.DEVNULL,
-                                stdout=logf, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        # prefix execs (setarch does), so the child's pid is still its process group's id.
+        proc = subprocess.Popen([*prefix, python or sys.executable, "-m", module, str(spec_path)],
+                                stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)
         timed_out = False
         try:
             proc.wait(timeout=timeout_s)

