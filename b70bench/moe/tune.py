@@ -20,14 +20,23 @@ COLUMNS = ["tp", "tokens", "config", "programs", "time_us", "time_us_iqr", "gbps
 
 
 def configs(k: int, group: int, auto_bm: int, n: int = 3072, blocks: dict | None = None, sms: int = 132) -> list:
-    """Candidate tilings, the likeliest first (the sweep stops at its deadline): grids of about
-    2-8 programs per SM first, the in-kernel reduction before the second launch. `blocks` maps
+    """Candidate tilings, the likeliest first (the sweep stops at its deadline). Decode shapes
+    start with the families the H200 sweeps found fastest (runs 6-13: one pair per block, narrow
+    tiles, deep K-blocks, packed dequant on paired nibbles), then a scored grid: about 2-8
+    programs per SM first, the in-kernel reduction before the second launch. `blocks` maps
     block_m to the number of expert blocks of the probe routing."""
     import math
 
     from b70bench.moe.kernels import DOT_MIN_M, Config, fit_block_k
 
     bms = [auto_bm] + ([1] if auto_bm == 2 else []) + ([DOT_MIN_M] if auto_bm < DOT_MIN_M else [])
+    seeds = []
+    if auto_bm < DOT_MIN_M:
+        deep = min(512, 1 << max(7, (k - 1).bit_length()))
+        for bn, bk, warps in ((32, deep, 2), (64, 128, 4), (16, deep, 2), (64, deep, 4)):
+            for fused in (False, True):
+                seeds.append(Config(block_m=1, block_n=bn, block_k=bk, num_warps=warps, num_stages=1,
+                                    fused_reduce=fused, packed=True, paired=True))
     cands = []
     for bm, bn, warps, split, fused, packed, stages in itertools.product(
             bms, (128, 64, 256), (4, 8), (1, 2, 3, 4, 6, 8), (True, False), (True, False), (3, 1, 4)):
@@ -47,7 +56,7 @@ def configs(k: int, group: int, auto_bm: int, n: int = 3072, blocks: dict | None
         cands.append((score, Config(block_m=bm, block_n=bn, block_k=bk, split_k=split, num_warps=warps,
                                     num_stages=stages, fused_reduce=fused, packed=packed)))
     cands.sort(key=lambda c: c[0])
-    return [c for _, c in cands]
+    return seeds + [c for _, c in cands if c not in seeds]
 
 
 def sweep(dev, shape, tps, tokens, dtype, graph: bool = True, repeat: int = 10, seed: int = 0,
