@@ -28,6 +28,9 @@ measure(shapes=None, *, model=None, batch=1, tp=1, dtype=None, max_model_len=204
   model's tokenizer (or `tokenizer`; the embedded model has a word-level one, tokenizer.py); the
   engine stays token-id only either way. A failed canary fails the gate like a hash mismatch.
 - python: interpreter for the child (default: this one). on_record: called with each record as it lands.
+- settle_s: before each start wait up to this long for idle CPUs (0: don't). fixed_layout: start vLLM
+  with ASLR off and PYTHONHASHSEED=0. On the CPU the child gets suite.CPU_ENGINE_ENV
+  (VLLM_ENABLE_V1_MULTIPROCESSING=0) unless the caller set those variables.
 
 Record fields (units in keys): shape (p512n512b1), prompt_len, output_len, batch, tp, model, dtype,
 max_model_len, run, cold, ok, error (vLLM's reason in one line), output_tok_per_s, total_tok_per_s,
@@ -41,7 +44,9 @@ None unpinned), gate_message, token_gate (the hash's verdict alone), canary_gate
 failed, 0 when all checked ones passed, else None), canaries (prompt, expected, text, token ids,
 passed), canaries_skipped (why none ran, e.g. no tokenizer), log_path, load_1min_before/after,
 foreign_cpu_share (share of all cores other processes used while the calls were timed: a slow
-figure with a high share was interfered with), fingerprint. When gate == 1 every speed figure is None.
+figure with a high share was interfered with), settle_s, cpu_busy_share_before, aslr_off, env (the
+engine-relevant variables the child got: VLLM_*, OMP_*, PYTHONHASHSEED, ...), fingerprint.
+When gate == 1 every speed figure is None.
 """
 
 from __future__ import annotations

@@ -11,8 +11,8 @@ from b70bench.decode import canary, gate, suite
 from b70bench.decode import hooks as hooksmod
 from b70bench.fingerprint import fingerprint
 
-COLUMNS = ["shape", "run", "cold", "gate", "s_per_output_token", "output_tok_per_s", "total_tok_per_s", "ttft_s",
-           "itl_s_p50", "itl_s_p99", "kv_cache_tokens", "cache_state", "error"]
+COLUMNS = ["shape", "run", "cold", "gate", "canary_gate", "s_per_output_token", "output_tok_per_s", "total_tok_per_s",
+           "ttft_s", "itl_s_p50", "itl_s_p99", "kv_cache_tokens", "cache_state", "error"]
 
 
 def warm_summary(recs: list[dict]) -> list[dict]:

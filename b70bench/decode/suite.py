@@ -26,8 +26,8 @@ DEFAULT_TIMEOUT_S = 1200.0
 DEFAULT_SETTLE_S = 30.0
 # Engine settings CPU runs get unless the caller sets them; scripts/decode_vs_latency.py gives vLLM's
 # latency benchmark the same (engine_env). The engine core in the calling process: on 2 cores the
-# default three processes (caller, engine core, worker) polled each other across cores and made
-# decode ~25% slower and 2-3x less steady run to run (results/decode.md, 2026-11-30 afternoon).
+# default three processes (caller, engine core, worker) share them and made decode ~37% slower
+# and less steady run to run (results/decode.md, 2026-11-30 afternoon).
 # It is part of vLLM's compile factors, so the AOT cache key differs from a multiprocess start.
 CPU_ENGINE_ENV: dict[str, str] = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 # With fixed_layout every start also gets these and runs with ASLR off (runner.no_aslr_prefix), so the
