@@ -385,3 +385,13 @@ def test_settle_waits_for_idle_and_gives_up_in_time(monkeypatch):
     assert last == 0.9 and 0.2 <= waited < 2
     monkeypatch.undo()
     assert 0 <= runner.cpu_busy_share(0.2) <= 1
+
+
+def test_host_probe_times_a_fixed_loop(monkeypatch):
+    from b70bench.decode import child
+
+    ticks = iter([0.0, 0.5, 1.0, 1.2, 2.0, 2.9])  # three reps taking 0.5, 0.2 and 0.9 s
+    monkeypatch.setattr(child, "PROBE_N", 10)
+    assert child.host_probe(clock=lambda: next(ticks)) == pytest.approx(0.2)
+    monkeypatch.undo()
+    assert 0 < child.host_probe(reps=1) < 5

@@ -44,7 +44,8 @@ None unpinned), gate_message, token_gate (the hash's verdict alone), canary_gate
 failed, 0 when all checked ones passed, else None), canaries (prompt, expected, text, token ids,
 passed), canaries_skipped (why none ran, e.g. no tokenizer), log_path, load_1min_before/after,
 foreign_cpu_share (share of all cores other processes used while the calls were timed: a slow
-figure with a high share was interfered with), settle_s, cpu_busy_share_before, aslr_off, env (the
+figure with a high share was interfered with), host_probe_s_before/after (a fixed pure-Python
+loop timed around the calls: the host's own speed then), settle_s, cpu_busy_share_before, aslr_off, env (the
 engine-relevant variables the child got: VLLM_*, OMP_*, PYTHONHASHSEED, ...), fingerprint.
 When gate == 1 every speed figure is None.
 """

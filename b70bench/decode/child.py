@@ -108,6 +108,25 @@ class Interference:
         return foreign / (wall * self.ncpu) if wall > 0 else None
 
 
+PROBE_N = 300_000
+
+
+def host_probe(reps: int = 3, clock=time.perf_counter) -> float:
+    """Fastest of `reps` runs of a fixed pure-Python loop (~12 ms here), in seconds.
+
+    The same work every time, so a change says the host got slower or faster: on the 2-core VM
+    this moved by 5-70% within minutes with the VM idle (results/decode.md), which is what makes
+    separate vLLM starts disagree. Taken before and after the timed calls of every run.
+    """
+    best = float("inf")
+    for _ in range(reps):
+        t0, acc = clock(), 0
+        for i in range(PROBE_N):
+            acc += i * i
+        best = min(best, clock() - t0)
+    return best
+
+
 def stream_once(llm, prompts: list[list[int]], output_len: int, tag: str, temperature: float = 0.0) -> dict:
     """One batch through the engine step by step; a timestamp for every token as it arrives."""
     from vllm import SamplingParams
@@ -178,6 +197,7 @@ def run(spec: dict) -> dict:
     latencies, foreign = [], []
     generated = 0
     probe = Interference()
+    host = [host_probe()]
     for _ in range(spec.get("iterations", 5)):
         probe.start()
         t0 = time.perf_counter()
@@ -185,6 +205,8 @@ def run(spec: dict) -> dict:
         latencies.append(time.perf_counter() - t0)
         foreign.append(probe.share())
         generated = sum(len(o.outputs[0].token_ids) for o in outs)
+    host.append(host_probe())
+    result["host_probe_s"] = host
     result["latencies_s"] = latencies
     result["foreign_cpu_share"] = foreign
     result["generated_tokens"] = generated

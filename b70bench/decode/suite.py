@@ -153,6 +153,9 @@ def _figures(result: dict, prompt_len: int, output_len: int, batch: int) -> dict
         # Share of all cores other processes used while the calls were timed (0 = machine to ourselves).
         "foreign_cpu_share": sum(foreign) / len(foreign) if foreign else None,
         "foreign_cpu_share_fastest": (result.get("foreign_cpu_share") or [None] * len(lat.samples))[fastest],
+        # A fixed pure-Python loop timed just before and after the calls: the host's speed at the time.
+        "host_probe_s_before": (result.get("host_probe_s") or [None, None])[0],
+        "host_probe_s_after": (result.get("host_probe_s") or [None, None])[-1],
         "output_tok_per_s": out_tokens / lat.min,
         "total_tok_per_s": all_tokens / lat.min,
         "s_per_output_token": lat.min / out_tokens,
