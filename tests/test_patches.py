@@ -14,7 +14,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import fakedist  # noqa: E402
 
-from b70bench import patches  # noqa: E402
+from b70bench import patches, records  # noqa: E402
 from b70bench.errors import UsageError  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -259,7 +259,7 @@ def test_atomic_write_never_leaves_half_a_file(tmp_path, monkeypatch):
 
     monkeypatch.setattr(os, "fsync", failing_fsync)
     with pytest.raises(OSError, match="disk full"):
-        patches.atomic_write_bytes(path, b'{"patch_set_hash": "new", "padding": "' + b"x" * 100000 + b'"}')
+        records.atomic_write_bytes(path, b'{"patch_set_hash": "new", "padding": "' + b"x" * 100000 + b'"}')
     assert path.read_text() == '{"patch_set_hash": "old"}\n'
     assert [p.name for p in tmp_path.iterdir()] == ["state.json"]
 

@@ -38,12 +38,9 @@ from b70bench.patches.series import DEFAULT_DIR, Patch, PatchSet, Target, load
 from b70bench.patches.status import status
 from b70bench.patches.versions import version_matches
 
-# Tests break the state file's writer mid-write through this name, as before the split.
-from b70bench.records import atomic_write_bytes
-
 __all__ = [
     "ALIASES", "DEFAULT_DIR", "LOCK_TOKEN_ENV", "STATE_NAME", "WORK_NAME", "Change", "Env", "Patch", "PatchSet",
-    "Resolved", "Target", "apply", "atomic_write_bytes", "env_lock", "find_distribution", "load", "plan",
+    "Resolved", "Target", "apply", "env_lock", "find_distribution", "load", "plan",
     "read_journal", "read_state", "record_hashes", "resolve", "restore", "sha256_file", "status",
     "verify_distribution", "version_matches",
 ]
