@@ -81,15 +81,6 @@ def _plane(q, q_hi, J: tl.constexpr, ASM: tl.constexpr):
 
 
 @triton.jit
-def _prefetch_l2(addr, nbytes):
-    """One bulk L2 prefetch per element (address 16-byte aligned, nbytes a multiple of 16): the
-    bytes go to L2 without a register or shared-memory slot, so a program can put its whole K
-    range in flight before its first load, where registers held only one K-block per thread."""
-    tl.inline_asm_elementwise("cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0;", "=r,l,r",
-                              [addr.to(tl.pointer_type(tl.int8)), nbytes], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
 def _x_pair_adjacent(x_row, cols, ok, J: tl.constexpr):
     """x at columns 8r+2J and 8r+2J+1 as one 32-bit load: the pairing of pair_nibbles' words."""
     return tl.load(x_row.to(tl.pointer_type(tl.int32)) + cols // 2 + J, mask=ok, other=0)
@@ -236,7 +227,7 @@ def _moe_down_vec(x_ptr, qw_ptr, sc_ptr, pair_ptr, blk_expert_ptr, rw_ptr, part_
                   TOPK: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                   BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, FUSED_REDUCE: tl.constexpr, ASM: tl.constexpr,
                   STAGES: tl.constexpr, PACKED: tl.constexpr, HALF: tl.constexpr, TILED: tl.constexpr,
-                  PAIRED: tl.constexpr, PREFETCH: tl.constexpr):
+                  PAIRED: tl.constexpr):
     """Decode: 1 or 2 pairs per block. Each pair accumulates elementwise products in a
     [BLOCK_K/8, BLOCK_N] fp32 tile laid out like the loaded words (2D, so every op keeps the
     load's layout); the word rows are summed once, after the K loop."""
@@ -262,15 +253,6 @@ def _moe_down_vec(x_ptr, qw_ptr, sc_ptr, pair_ptr, blk_expert_ptr, rw_ptr, part_
         sc_base = sc_ptr + expert * (K // GROUP) * N
         w_cols = offs_n
         w_stride = N
-    if PREFETCH and ASM:  # a hint only: the interpreter, which runs no PTX, skips it
-        slices = tl.arange(0, 64)
-        if TILED:  # the split's words are one run: 64 equal slices
-            run = (k_per // PACK_C) * BLOCK_N * 4
-            _prefetch_l2(qw_base + (k_lo // PACK_C) * BLOCK_N + slices * (run // 64 // 4), slices * 0 + run // 64)
-        else:  # one BLOCK_N-wide row segment per word row, 64 rows at a time
-            for r0 in range(0, k_per // PACK_C, 64):
-                r = tl.minimum(r0 + slices, k_per // PACK_C - 1)
-                _prefetch_l2(qw_base + (k_lo // PACK_C + r) * N + pid_n * BLOCK_N, slices * 0 + BLOCK_N * 4)
     # Masks as vectors (rows * 0 + pair): Triton's interpreter rejects a scalar mask on a vector load.
     p0 = tl.load(pair_ptr + pid_m * BLOCK_M)
     x0 = x_ptr + p0.to(tl.int64) * K
@@ -435,13 +417,11 @@ class Config:
     tiled: bool = False  # decode blocks: weights repacked N-tile-major once per weight set (tile_weights)
     maxnreg: int = 0  # registers per thread ptxas may use (0: its choice); fewer = more programs resident
     paired: bool = False  # packed decode: nibbles reordered (pair_nibbles) so x pairs are single 32-bit loads
-    prefetch: bool = False  # decode: bulk L2 prefetch of the program's whole K range before the first load
 
     def label(self) -> str:
         red = "fused" if self.fused_reduce else "sum"
         flags = ("-packed" if self.packed else "") + ("-paired" if self.paired else "")
-        flags += ("-tiled" if self.tiled else "") + ("-pf" if self.prefetch else "")
-        flags += f"-r{self.maxnreg}" if self.maxnreg else ""
+        flags += ("-tiled" if self.tiled else "") + (f"-r{self.maxnreg}" if self.maxnreg else "")
         return (f"m{self.block_m}n{self.block_n}k{self.block_k}s{self.split_k}"
                 f"w{self.num_warps}st{self.num_stages}{red}{flags}")
 
@@ -603,7 +583,7 @@ def prepare(cfg: Config, qweight, scales, group: int, batch, out: torch.Tensor):
     extra = {"maxnreg": cfg.maxnreg} if cfg.maxnreg and not interpreted else {}
     if kernel is _moe_down_vec:
         extra.update(STAGES=cfg.num_stages, PACKED=cfg.packed, HALF=x.dtype == torch.float16, TILED=cfg.tiled,
-                     PAIRED=cfg.paired, PREFETCH=cfg.prefetch)
+                     PAIRED=cfg.paired)
         if cfg.paired and not cfg.packed:
             raise ValueError("paired nibbles serve the packed path: add -packed")
         if cfg.paired:

@@ -140,8 +140,7 @@ def load_tuned(path) -> dict:
     return {key: Config(**r["tiling"]) if "tiling" in r else parse_label(r["config"]) for key, r in best.items()}
 
 
-LABEL = re.compile(r"m(\d+)n(\d+)k(\d+)s(\d+)w(\d+)st(\d+)(sum|fused)(-packed)?(-paired)?(-tiled)?(-pf)?"
-                   r"(?:-r(\d+))?$")
+LABEL = re.compile(r"m(\d+)n(\d+)k(\d+)s(\d+)w(\d+)st(\d+)(sum|fused)(-packed)?(-paired)?(-tiled)?(?:-r(\d+))?$")
 
 
 def parse_label(label: str):
@@ -153,8 +152,7 @@ def parse_label(label: str):
         raise ValueError(f"not a tiling label: {label!r}")
     bm, bn, bk, split, warps, stages = map(int, m.groups()[:6])
     return Config(bm, bn, bk, split, warps, stages, fused_reduce=m.group(7) == "fused", packed=m.group(8) is not None,
-                  paired=m.group(9) is not None, tiled=m.group(10) is not None, prefetch=m.group(11) is not None,
-                  maxnreg=int(m.group(12) or 0))
+                  paired=m.group(9) is not None, tiled=m.group(10) is not None, maxnreg=int(m.group(11) or 0))
 
 
 def parse_tiling(label: str):
