@@ -69,3 +69,19 @@ def test_sweep_records_a_failing_tiling_and_goes_on(monkeypatch):
     bad = [r for r in rows if r["config"] == "m1n16k128s1w4st1fused"][0]
     assert bad["skipped"] == "failed: RuntimeError: ptxas: too many resources" and "time_us" not in bad
     assert [r for r in rows if r["config"] == "m1n32k128s1w4st1fused"][0]["time_us"] == 1.0
+
+
+@pytest.mark.parametrize("label", ["m1n32k512s1w2st1sum-packed-paired", "m1n64k128s1w4st1fused-packed-paired-tiled-r96",
+                                   "m16n128k128s1w4st3fused", "m2n32k64s2w4st2sum-tiled"])
+def test_tiling_labels_round_trip(label):
+    from b70bench.moe import tune
+
+    assert tune.parse_label(label).label() == label
+
+
+def test_tiling_label_errors_name_the_expected_form():
+    from b70bench.errors import UsageError
+    from b70bench.moe import tune
+
+    with pytest.raises(UsageError, match="as the sweep prints it"):
+        tune.parse_tiling("m1n32-packed")
