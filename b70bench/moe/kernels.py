@@ -314,33 +314,43 @@ def _moe_down_vec(x_ptr, qw_ptr, sc_ptr, pair_ptr, blk_expert_ptr, rw_ptr, part_
 
 
 @triton.jit
+def _dot_block(x_ptr, qw_ptr, sc_ptr, pair_ptr, blk_expert_ptr, P, N, K, GROUP: tl.constexpr,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr):
+    """What a dot program works on: its block's pairs (and which are real), its N-tile, its K
+    split, and the base pointers of its expert's words, scales and the pairs' activations."""
+    expert = tl.load(blk_expert_ptr + tl.program_id(0)).to(tl.int64)
+    pairs = tl.load(pair_ptr + tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M))
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    k_per = K // SPLIT_K
+    return (pairs, pairs < P, offs_n, offs_n < N, tl.program_id(2) * k_per, k_per,
+            qw_ptr + expert * (K // PACK_C) * N, sc_ptr + expert * (K // GROUP) * N,
+            x_ptr + pairs.to(tl.int64)[:, None] * K)
+
+
+@triton.jit
+def _group_scales(sc_base, k0, offs_n, n_ok, N, GROUP: tl.constexpr):
+    """The one scale row of a K-block within one group, [1, BLOCK_N] fp32, for a dot's result."""
+    return tl.load(sc_base + (k0 // GROUP) * N + offs_n[None, :], mask=n_ok[None, :], other=0.0).to(tl.float32)
+
+
+@triton.jit
 def _moe_down_dot(x_ptr, qw_ptr, sc_ptr, pair_ptr, blk_expert_ptr, rw_ptr, part_ptr, out_ptr, cnt_ptr,
                   P, N, K, n_tiles,
                   TOPK: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                   BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, FUSED_REDUCE: tl.constexpr, ASM: tl.constexpr):
     """16-31 pairs per block: eight tensor-core dots per K-block, one per nibble plane
     (K = BLOCK_K/8 word rows each), BLOCK_K within one scale group."""
-    pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     pid_k = tl.program_id(2)
-    expert = tl.load(blk_expert_ptr + pid_m).to(tl.int64)
-    pairs = tl.load(pair_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
-    m_ok = pairs < P
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_ok = offs_n < N
+    pairs, m_ok, offs_n, n_ok, k_lo, k_per, qw_base, sc_base, x_rows = _dot_block(
+        x_ptr, qw_ptr, sc_ptr, pair_ptr, blk_expert_ptr, P, N, K, GROUP, BLOCK_M, BLOCK_N, SPLIT_K)
     rows = tl.arange(0, BLOCK_K // PACK_C)
-    k_per = K // SPLIT_K
-    k_lo = pid_k * k_per
-    qw_base = qw_ptr + expert * (K // PACK_C) * N
-    sc_base = sc_ptr + expert * (K // GROUP) * N
-    x_rows = x_ptr + pairs.to(tl.int64)[:, None] * K
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for kk in range(0, k_per, BLOCK_K):
         k0 = k_lo + kk
         q = _load_words(qw_base, k0, rows, offs_n, n_ok[None, :], N)
         q_hi = q >> 16
-        # BLOCK_K <= GROUP: one scale row, [1, BLOCK_N], for the dot's [BLOCK_M, BLOCK_N] result.
-        s = tl.load(sc_base + (k0 // GROUP) * N + offs_n[None, :], mask=n_ok[None, :], other=0.0).to(tl.float32)
+        s = _group_scales(sc_base, k0, offs_n, n_ok, N, GROUP)
         x_k = x_rows + (k0 + rows * PACK_C)[None, :]
         blk = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for j in tl.static_range(PACK_C):
@@ -360,21 +370,12 @@ def _moe_down_wide(x_ptr, qw_ptr, sc_ptr, pair_ptr, blk_expert_ptr, rw_ptr, part
     """32+ pairs per block (prefill): the words are unpacked into K order (a layout conversion
     through shared memory, once per K-block) for one BLOCK_K-deep dot, BLOCK_K within one scale
     group. ASM is unused (same signature as the other kernels)."""
-    pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     pid_k = tl.program_id(2)
-    expert = tl.load(blk_expert_ptr + pid_m).to(tl.int64)
-    pairs = tl.load(pair_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
-    m_ok = pairs < P
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_ok = offs_n < N
+    pairs, m_ok, offs_n, n_ok, k_lo, k_per, qw_base, sc_base, x_rows = _dot_block(
+        x_ptr, qw_ptr, sc_ptr, pair_ptr, blk_expert_ptr, P, N, K, GROUP, BLOCK_M, BLOCK_N, SPLIT_K)
     rows = tl.arange(0, BLOCK_K // PACK_C)
     shifts = tl.arange(0, PACK_C) * 4
-    k_per = K // SPLIT_K
-    k_lo = pid_k * k_per
-    qw_base = qw_ptr + expert * (K // PACK_C) * N
-    sc_base = sc_ptr + expert * (K // GROUP) * N
-    x_rows = x_ptr + pairs.to(tl.int64)[:, None] * K
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for kk in range(0, k_per, BLOCK_K):
         k0 = k_lo + kk
@@ -384,7 +385,7 @@ def _moe_down_wide(x_ptr, qw_ptr, sc_ptr, pair_ptr, blk_expert_ptr, rw_ptr, part
         # Small integers, exact in fp16/bf16; through fp32 because Triton's interpreter bit-casts
         # int32 -> bf16 instead of converting.
         w = tl.reshape(nib - 8, (BLOCK_K, BLOCK_N)).to(tl.float32).to(x.dtype)
-        s = tl.load(sc_base + (k0 // GROUP) * N + offs_n[None, :], mask=n_ok[None, :], other=0.0).to(tl.float32)
+        s = _group_scales(sc_base, k0, offs_n, n_ok, N, GROUP)
         acc += tl.dot(x, w) * s
     _finish_rows(acc, pairs, m_ok, offs_n, n_ok, pid_n, pid_k, rw_ptr, part_ptr, out_ptr, cnt_ptr, P, N, n_tiles,
                  TOPK, SPLIT_K, BLOCK_M, BLOCK_N, FUSED_REDUCE)
