@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -39,6 +40,28 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes, mode: int | None = 
         except FileNotFoundError:
             pass
         raise
+
+
+def atomic_directory(final: str | os.PathLike, marker: str, fill) -> Path:
+    """final, made once: fill(tmp) writes a temporary sibling that is renamed into place, so a
+    crash or a concurrent writer never leaves a half-written directory where a reader looks.
+    `marker` is the file fill writes last; its presence means final is complete."""
+    final = Path(final)
+    if (final / marker).exists():
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}."))
+    try:
+        fill(tmp)
+        try:
+            os.rename(tmp, final)
+        except OSError:
+            if not (final / marker).exists():
+                raise
+            # Another process finished first; its copy is identical.
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
 
 
 def _umask() -> int:

@@ -53,3 +53,32 @@ def test_written_files_follow_the_umask_not_mkstemp(tmp_path):
     finally:
         os.umask(old)
     assert (tmp_path / "r.json").stat().st_mode & 0o777 == 0o644
+
+
+def test_atomic_directory_is_made_once_and_leaves_nothing_half_written(tmp_path):
+    final = tmp_path / "models" / "m"
+    calls = []
+
+    def fill(d):
+        calls.append(d)
+        (d / "data").write_text("x")
+        (d / "done").write_text("")
+
+    assert records.atomic_directory(final, "done", fill) == final
+    assert records.atomic_directory(final, "done", fill) == final and len(calls) == 1  # complete: not rewritten
+
+    def racing(d):  # another process completes `final` while this one is still writing
+        (d / "done").write_text("")
+        final2.mkdir()
+        (final2 / "done").write_text("")
+
+    final2 = tmp_path / "models" / "raced"
+    assert records.atomic_directory(final2, "done", racing) == final2
+    assert sorted(p.name for p in final2.parent.iterdir()) == ["m", "raced"]  # the loser's temp dir is gone
+
+    def broken(d):
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        records.atomic_directory(tmp_path / "models" / "bad", "done", broken)
+    assert sorted(p.name for p in (tmp_path / "models").iterdir()) == ["m", "raced"]

@@ -16,12 +16,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
-import tempfile
 from importlib import resources
 from pathlib import Path
 
 import numpy as np
+
+from b70bench import records
 
 CONFIG_NAME = "tiny_minimax_m2.json"
 SEED = 20260510
@@ -110,18 +110,4 @@ def ensure_embedded(root: Path | None = None, config: dict | None = None, seed: 
     """
     cfg = embedded_config() if config is None else config
     final = (root or cache_root()) / "models" / model_id(cfg, seed)
-    if (final / "b70bench-model.json").exists():
-        return final
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}."))
-    try:
-        write_checkpoint(tmp, cfg, seed)
-        try:
-            os.rename(tmp, final)
-        except OSError:
-            if not (final / "b70bench-model.json").exists():
-                raise
-            # Another process finished first; its copy is identical.
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return final
+    return records.atomic_directory(final, "b70bench-model.json", lambda tmp: write_checkpoint(tmp, cfg, seed))

@@ -12,10 +12,9 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
+
+from b70bench import records
 
 # Part of the directory name: a change to the word list below must not reuse an old directory.
 TOKENIZER_VERSION = 1
@@ -69,16 +68,5 @@ def write(path: Path, vocab_size: int, max_len: int) -> None:
 def ensure(model_dir: Path, config: dict) -> Path:
     """Directory of the embedded model's tokenizer (beside its checkpoint), written on first use."""
     final = Path(model_dir).parent / f"{Path(model_dir).name}-tokenizer-v{TOKENIZER_VERSION}"
-    if (final / "tokenizer_config.json").exists():
-        return final
-    tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}."))
-    try:
-        write(tmp, config["vocab_size"], config.get("max_position_embeddings", 8192))
-        try:
-            os.rename(tmp, final)
-        except OSError:
-            if not (final / "tokenizer_config.json").exists():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return final
+    return records.atomic_directory(final, "tokenizer_config.json", lambda tmp: write(
+        tmp, config["vocab_size"], config.get("max_position_embeddings", 8192)))
