@@ -195,8 +195,9 @@ def _run_one(*, spec: dict, shape: str, run: int, cache_root: Path, out_dir: Pat
     env = _child_env(base_env, cache_root, embedded, plugin_dir)
     label = f"{shape}-{'cold' if cold else 'warm'}{run}"
     header = [f"b70bench decode {label}: {json.dumps(spec)}"]
-    header += [f"{logs._ENV_HEADER}{k}={v}" for k, v in sorted(env.items())
-               if (k.startswith(ENV_PREFIXES) or k in common["env_keys"]) and k != "PYTHONPATH"]
+    kept_env = {k: v for k, v in sorted(env.items())
+                if (k.startswith(ENV_PREFIXES) or k in common["env_keys"]) and k != "PYTHONPATH"}
+    header += [f"{logs._ENV_HEADER}{k}={v}" for k, v in kept_env.items()]
     settled_s, busy_before = runner.settle(common["settle_s"]) if common["settle_s"] > 0 else (0.0, None)
     load_before = os.getloadavg()[0]
     child = runner.run_child(spec, out_dir / f"{label}.log", env=env, timeout_s=timeout_s, header=header,
@@ -220,8 +221,7 @@ def _run_one(*, spec: dict, shape: str, run: int, cache_root: Path, out_dir: Pat
            # Other work on the machine only adds time: the 1-minute load says how quiet it was.
            "load_1min_before": load_before, "load_1min_after": os.getloadavg()[0],
            "settle_s": settled_s, "cpu_busy_share_before": busy_before, "aslr_off": bool(common["prefix"]),
-           "env": {k: v for k, v in sorted(env.items())
-                   if (k.startswith(ENV_PREFIXES) or k in common["env_keys"]) and k != "PYTHONPATH"}}
+           "env": kept_env}
     if child.ok:
         rec.update(_figures(res, spec["prompt_len"], spec["output_len"], spec["batch"]))
         rec.update(_gate(spec, res, gate_key, gate_file))
