@@ -102,10 +102,11 @@ def sweep(dev, shape, tps, tokens, dtype, graph: bool = True, repeat: int = 10, 
                                                config=cfg.label(), skipped=str(err)))
                     continue
                 v = varmod.TritonVariant("triton-tune", config=cfg)
-                blocks = kernels.group_pairs(probe.ids_cpu, cfg.block_m)[1].numel()
+                if cfg.block_m not in blocks:
+                    blocks[cfg.block_m] = kernels.group_pairs(probe.ids_cpu, cfg.block_m)[1].numel()
                 row = dict(tp=tp, tokens=ntok, k=k, n=shape.hidden, config=cfg.label(), tiling=asdict(cfg),
                            experts_hit=probe.experts_hit,
-                           programs=blocks * -(-shape.hidden // cfg.block_n) * cfg.split_k, graph=graph)
+                           programs=blocks[cfg.block_m] * -(-shape.hidden // cfg.block_n) * cfg.split_k, graph=graph)
                 try:
                     row.update(suite.check(v, ref, shape, wsets[0], k, ntok, dtype, dev, seed + 31 * ntok))
                     row.update(suite._time(dev, v, wsets, batches, graph, repeat, 3, mean_bytes, anchor))
