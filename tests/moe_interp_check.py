@@ -39,6 +39,10 @@ cases = [
     # nibbles reordered so each x pair is one 32-bit load
     ("bf16", 3, C(block_m=2, block_n=32, block_k=512, packed=True, paired=True, tiled=True)),
     ("fp16", 1, C(block_m=1, block_n=32, block_k=64, split_k=2, packed=True, paired=True)),
+    # the next K-block's words held in registers (four K-blocks per split); pdl and early are launch
+    # options the interpreter skips, here only to show the rest of the path is unchanged
+    ("bf16", 3, C(block_m=2, block_n=32, block_k=64, packed=True, paired=True, prefetch=True, pdl=True, early=True)),
+    ("fp16", 1, C(block_m=1, block_n=64, block_k=64, prefetch=True)),
 ]
 out = []
 for i, (dt, tokens, cfg) in enumerate(cases):

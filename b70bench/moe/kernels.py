@@ -222,15 +222,48 @@ def _load_words(qw_base, k0, rows, offs_n, ok, N):
 
 
 @triton.jit
+def _block_weights(qw_base, sc_base, k0, k_end, rows, w_cols, n_ok, w_stride, GROUP: tl.constexpr):
+    """A decode K-block's words and fp32 scales, [BLOCK_K/8, BLOCK_N] each; rows at or past
+    k_end are masked (a K-block deeper than the split, or the one after the last)."""
+    ok = ((k0 + rows * PACK_C) < k_end)[:, None] & n_ok[None, :]
+    return (_load_words(qw_base, k0, rows, w_cols, ok, w_stride),
+            _scales(sc_base, k0, rows, w_cols, ok, w_stride, GROUP))
+
+
+@triton.jit
+def _block_products(q, s, x_row, p, k0, k_end, rows, P, PACKED: tl.constexpr, PAIRED: tl.constexpr,
+                    HALF: tl.constexpr, ASM: tl.constexpr):
+    """One pair's scaled products over a decode K-block, [BLOCK_K/8, BLOCK_N] fp32 in q's layout."""
+    cols = k0 + rows * PACK_C  # column 8r of this block: word row r's nibble 0
+    # A vector mask (rows * 0 + p): Triton's interpreter rejects a scalar mask on a vector load.
+    ok = (cols < k_end) & ((rows * 0 + p) < P)
+    if PACKED and PAIRED:  # words from pair_nibbles: each x pair is one 32-bit load
+        blk = _word_dot(q, _x_pair_adjacent(x_row, cols, ok, 0), _x_pair_adjacent(x_row, cols, ok, 1),
+                        _x_pair_adjacent(x_row, cols, ok, 2), _x_pair_adjacent(x_row, cols, ok, 3), HALF, ASM)
+    elif PACKED:
+        blk = _word_dot(q, _x_pair(x_row, cols, ok, 0), _x_pair(x_row, cols, ok, 1), _x_pair(x_row, cols, ok, 2),
+                        _x_pair(x_row, cols, ok, 3), HALF, ASM)
+    else:
+        q_hi = q >> 16
+        blk = tl.zeros(q.shape, dtype=tl.float32)
+        for j in tl.static_range(PACK_C):
+            blk += tl.load(x_row + cols + j, mask=ok, other=0.0).to(tl.float32)[:, None] * _plane(q, q_hi, j, ASM)
+    return blk * s
+
+
+@triton.jit
 def _moe_down_vec(x_ptr, qw_ptr, sc_ptr, pair_ptr, blk_expert_ptr, rw_ptr, part_ptr, out_ptr, cnt_ptr,
                   P, N, K, n_tiles,
                   TOPK: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                   BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, FUSED_REDUCE: tl.constexpr, ASM: tl.constexpr,
                   STAGES: tl.constexpr, PACKED: tl.constexpr, HALF: tl.constexpr, TILED: tl.constexpr,
-                  PAIRED: tl.constexpr):
-    """Decode: 1 or 2 pairs per block. Each pair accumulates elementwise products in a
+                  PAIRED: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr, EARLY: tl.constexpr):
+    """Decode: 1 or 2 pairs per block. Each pair accumulates scaled products in a
     [BLOCK_K/8, BLOCK_N] fp32 tile laid out like the loaded words (2D, so every op keeps the
     load's layout); the word rows are summed once, after the K loop."""
+    if PDL and ASM:
+        # The sum kernel may launch now; it waits (gdc_wait) for this whole grid before reading.
+        tl.extra.cuda.gdc_launch_dependents()
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -240,6 +273,7 @@ def _moe_down_vec(x_ptr, qw_ptr, sc_ptr, pair_ptr, blk_expert_ptr, rw_ptr, part_
     rows = tl.arange(0, BLOCK_K // PACK_C)
     k_per = K // SPLIT_K
     k_lo = pid_k * k_per
+    k_end = k_lo + k_per
     if TILED:
         # Weights and scales repacked N-tile-major (tile_weights): this program's words are one
         # contiguous run, read front to back, not BLOCK_N-wide pieces of rows N words apart.
@@ -253,7 +287,6 @@ def _moe_down_vec(x_ptr, qw_ptr, sc_ptr, pair_ptr, blk_expert_ptr, rw_ptr, part_
         sc_base = sc_ptr + expert * (K // GROUP) * N
         w_cols = offs_n
         w_stride = N
-    # Masks as vectors (rows * 0 + pair): Triton's interpreter rejects a scalar mask on a vector load.
     p0 = tl.load(pair_ptr + pid_m * BLOCK_M)
     x0 = x_ptr + p0.to(tl.int64) * K
     acc0 = tl.zeros((BLOCK_K // PACK_C, BLOCK_N), dtype=tl.float32)
@@ -261,46 +294,38 @@ def _moe_down_vec(x_ptr, qw_ptr, sc_ptr, pair_ptr, blk_expert_ptr, rw_ptr, part_
         p1 = tl.load(pair_ptr + pid_m * BLOCK_M + 1)
         x1 = x_ptr + p1.to(tl.int64) * K
         acc1 = tl.zeros((BLOCK_K // PACK_C, BLOCK_N), dtype=tl.float32)
-    # STAGES > 1 asks Triton to pipeline the loop's loads (cp.async into shared memory, STAGES-1
-    # K-blocks ahead). Measured slower at every decode shape on the H200 (run 5); kept for the sweep.
     # A K-block deeper than the split (BLOCK_K > k_per, e.g. 512 for TP4's 384) is one masked
     # iteration: the whole split's loads are issued at once, which a loop of dependent K-blocks
     # cannot do (decode rows are bound by the bytes each SM has in flight; results/moe-down-h200.md).
-    for kk in tl.range(0, k_per, BLOCK_K, num_stages=STAGES):
-        k0 = k_lo + kk
-        cols = k0 + rows * PACK_C  # column 8r of this block: word row r's nibble 0
-        r_ok = cols < k_lo + k_per
-        ok = r_ok[:, None] & n_ok[None, :]
-        q = _load_words(qw_base, k0, rows, w_cols, ok, w_stride)
-        s = _scales(sc_base, k0, rows, w_cols, ok, w_stride, GROUP)
-        ok0 = r_ok & ((rows * 0 + p0) < P)
-        if BLOCK_M == 2:
-            ok1 = r_ok & ((rows * 0 + p1) < P)
-        if PACKED and PAIRED:  # words from pair_nibbles: each x pair is one 32-bit load
-            blk0 = _word_dot(q, _x_pair_adjacent(x0, cols, ok0, 0), _x_pair_adjacent(x0, cols, ok0, 1),
-                             _x_pair_adjacent(x0, cols, ok0, 2), _x_pair_adjacent(x0, cols, ok0, 3), HALF, ASM)
+    if EARLY or PREFETCH:
+        # The first K-block is loaded before the loop so that, launched early (programmatic
+        # dependent launch), its weights stream in while the previous kernel finishes: weights and
+        # the routing (made before the up/gate projection) are not the previous kernel's output;
+        # the activations and the partials are, so they wait. PREFETCH holds the next K-block's
+        # words in registers while this one's products are computed.
+        q, s = _block_weights(qw_base, sc_base, k_lo, k_end, rows, w_cols, n_ok, w_stride, GROUP)
+        if EARLY and ASM:
+            tl.extra.cuda.gdc_wait()
+        for kk in range(0, k_per, BLOCK_K):
+            k0 = k_lo + kk
+            if PREFETCH:
+                q_next, s_next = _block_weights(qw_base, sc_base, k0 + BLOCK_K, k_end, rows, w_cols, n_ok,
+                                                w_stride, GROUP)
+            acc0 += _block_products(q, s, x0, p0, k0, k_end, rows, P, PACKED, PAIRED, HALF, ASM)
             if BLOCK_M == 2:
-                blk1 = _word_dot(q, _x_pair_adjacent(x1, cols, ok1, 0), _x_pair_adjacent(x1, cols, ok1, 1),
-                                 _x_pair_adjacent(x1, cols, ok1, 2), _x_pair_adjacent(x1, cols, ok1, 3), HALF, ASM)
-        elif PACKED:
-            blk0 = _word_dot(q, _x_pair(x0, cols, ok0, 0), _x_pair(x0, cols, ok0, 1), _x_pair(x0, cols, ok0, 2),
-                             _x_pair(x0, cols, ok0, 3), HALF, ASM)
+                acc1 += _block_products(q, s, x1, p1, k0, k_end, rows, P, PACKED, PAIRED, HALF, ASM)
+            if PREFETCH:
+                q, s = q_next, s_next
+            else:  # the K-block after the last is all masked: no memory traffic
+                q, s = _block_weights(qw_base, sc_base, k0 + BLOCK_K, k_end, rows, w_cols, n_ok, w_stride, GROUP)
+    else:
+        # STAGES > 1 asks Triton to pipeline the loop (cp.async into shared memory).
+        for kk in tl.range(0, k_per, BLOCK_K, num_stages=STAGES):
+            k0 = k_lo + kk
+            q, s = _block_weights(qw_base, sc_base, k0, k_end, rows, w_cols, n_ok, w_stride, GROUP)
+            acc0 += _block_products(q, s, x0, p0, k0, k_end, rows, P, PACKED, PAIRED, HALF, ASM)
             if BLOCK_M == 2:
-                blk1 = _word_dot(q, _x_pair(x1, cols, ok1, 0), _x_pair(x1, cols, ok1, 1),
-                                 _x_pair(x1, cols, ok1, 2), _x_pair(x1, cols, ok1, 3), HALF, ASM)
-        else:
-            q_hi = q >> 16
-            blk0 = tl.zeros((BLOCK_K // PACK_C, BLOCK_N), dtype=tl.float32)
-            if BLOCK_M == 2:
-                blk1 = tl.zeros((BLOCK_K // PACK_C, BLOCK_N), dtype=tl.float32)
-            for j in tl.static_range(PACK_C):
-                w = _plane(q, q_hi, j, ASM)
-                blk0 += tl.load(x0 + cols + j, mask=ok0, other=0.0).to(tl.float32)[:, None] * w
-                if BLOCK_M == 2:
-                    blk1 += tl.load(x1 + cols + j, mask=ok1, other=0.0).to(tl.float32)[:, None] * w
-        acc0 += blk0 * s
-        if BLOCK_M == 2:
-            acc1 += blk1 * s
+                acc1 += _block_products(q, s, x1, p1, k0, k_end, rows, P, PACKED, PAIRED, HALF, ASM)
     part = part_ptr + pid_k * P * N + offs_n
     res0 = tl.sum(acc0, axis=0) * tl.load(rw_ptr + p0, mask=p0 < P, other=0.0)
     tl.store(part + p0.to(tl.int64) * N, res0, mask=n_ok & ((offs_n * 0 + p0) < P))
@@ -392,7 +417,13 @@ def _moe_down_wide(x_ptr, qw_ptr, sc_ptr, pair_ptr, blk_expert_ptr, rw_ptr, part
 
 
 @triton.jit
-def _moe_sum(part_ptr, out_ptr, P, N, TOPK: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr):
+def _moe_sum(part_ptr, out_ptr, P, N, TOPK: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr,
+             PDL: tl.constexpr = False):
+    if PDL:
+        # Launched under the main kernel's tail (programmatic dependent launch): wait for all of
+        # it, then let whatever follows launch under this one.
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     t = tl.program_id(0)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < N
@@ -418,11 +449,16 @@ class Config:
     tiled: bool = False  # decode blocks: weights repacked N-tile-major once per weight set (tile_weights)
     maxnreg: int = 0  # registers per thread ptxas may use (0: its choice); fewer = more programs resident
     paired: bool = False  # packed decode: nibbles reordered (pair_nibbles) so x pairs are single 32-bit loads
+    # Decode blocks, Hopper+ (programmatic dependent launch; the interpreter ignores these three):
+    prefetch: bool = False  # the next K-block's words loaded into registers before this block's products
+    pdl: bool = False  # the sum kernel launches under the main kernel's tail instead of after it
+    early: bool = False  # the main kernel launches under the previous kernel, streaming weights before it waits
 
     def label(self) -> str:
         red = "fused" if self.fused_reduce else "sum"
         flags = ("-packed" if self.packed else "") + ("-paired" if self.paired else "")
         flags += ("-tiled" if self.tiled else "") + (f"-r{self.maxnreg}" if self.maxnreg else "")
+        flags += ("-pf" if self.prefetch else "") + ("-pdl" if self.pdl else "") + ("-early" if self.early else "")
         return (f"m{self.block_m}n{self.block_n}k{self.block_k}s{self.split_k}"
                 f"w{self.num_warps}st{self.num_stages}{red}{flags}")
 
@@ -575,8 +611,11 @@ def prepare(cfg: Config, qweight, scales, group: int, batch, out: torch.Tensor):
         kernel = _moe_down_vec
     else:
         raise ValueError(f"block_m {bm}: 1 or 2 pairs per block, or 16+ with a {DOT_K}-deep K-block in one group")
-    if (cfg.tiled or cfg.packed) and kernel is not _moe_down_vec:
-        raise ValueError(f"block_m {bm}: the packed and tiled options are for decode blocks (1-2 pairs) only")
+    if (cfg.tiled or cfg.packed or cfg.prefetch or cfg.pdl or cfg.early) and kernel is not _moe_down_vec:
+        raise ValueError(f"block_m {bm}: the packed, paired, tiled, pf, pdl and early options are for decode "
+                         "blocks (1-2 pairs) only")
+    if cfg.pdl and cfg.fused_reduce:
+        raise ValueError("pdl overlaps the second-kernel sum: it needs 'sum', not 'fused'")
     sum_block = 256
     sum_grid = (t, triton.cdiv(n, sum_block))
 
@@ -584,7 +623,9 @@ def prepare(cfg: Config, qweight, scales, group: int, batch, out: torch.Tensor):
     extra = {"maxnreg": cfg.maxnreg} if cfg.maxnreg and not interpreted else {}
     if kernel is _moe_down_vec:
         extra.update(STAGES=cfg.num_stages, PACKED=cfg.packed, HALF=x.dtype == torch.float16, TILED=cfg.tiled,
-                     PAIRED=cfg.paired)
+                     PAIRED=cfg.paired, PREFETCH=cfg.prefetch, PDL=cfg.pdl, EARLY=cfg.early)
+        if cfg.early and not interpreted:
+            extra["launch_pdl"] = True
         if cfg.paired and not cfg.packed:
             raise ValueError("paired nibbles serve the packed path: add -packed")
         if cfg.paired:
@@ -594,13 +635,16 @@ def prepare(cfg: Config, qweight, scales, group: int, batch, out: torch.Tensor):
         if cfg.packed and x.dtype not in (torch.float16, torch.bfloat16):
             raise ValueError(f"packed dequant needs fp16 or bf16 activations, not {x.dtype}")
 
+    sum_pdl = {"PDL": True, "launch_pdl": True} if cfg.pdl and not interpreted else {}
+
     def run():
         kernel[grid](x, qweight, scales, pair_ids, block_expert, rw, part, out, cnt, p, n, k, n_tiles,
                      TOPK=topk, GROUP=group, BLOCK_M=bm, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
                      SPLIT_K=cfg.split_k, FUSED_REDUCE=cfg.fused_reduce,
                      ASM=not interpreted, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **extra)
         if not cfg.fused_reduce:
-            _moe_sum[sum_grid](part, out, p, n, TOPK=topk, SPLIT_K=cfg.split_k, BLOCK=sum_block, num_warps=4)
+            _moe_sum[sum_grid](part, out, p, n, TOPK=topk, SPLIT_K=cfg.split_k, BLOCK=sum_block, num_warps=4,
+                               **sum_pdl)
         return out
 
     return run
