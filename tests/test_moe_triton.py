@@ -86,3 +86,25 @@ def test_tiling_label_errors_name_the_expected_form():
 
     with pytest.raises(UsageError, match="as the sweep prints it"):
         tune.parse_tiling("m1n32-packed")
+
+
+def test_programmatic_dependent_launch_is_asked_for_only_where_it_exists(monkeypatch):
+    """pdl/early compile griddepcontrol (sm_90+): the htile policy leaves them off elsewhere, and an
+    explicit tiling asking for them on another device is refused with the reason (a sweep row)."""
+    import torch
+
+    from b70bench.moe import kernels, shapes, variants
+
+    assert "CUDA" in kernels.pdl_reason(torch.device("cpu"))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: (8, 0))
+    assert "9.0" in kernels.pdl_reason(torch.device("cuda", 0))
+    shape = shapes.MoeShape(hidden=64, intermediate=256, experts=8, topk=2)
+    batch = shapes.random_batch(shape, 256, 1, torch.bfloat16, torch.device("cpu"), 0)
+    w = shapes.random_weights(shape, 256, torch.bfloat16, torch.device("cpu"), 0)
+    cfg = variants.TritonVariant("triton-htile", htile=True).choose(256, 64, batch, w.group)
+    assert cfg.prefetch and cfg.packed and not (cfg.pdl or cfg.early)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    out = torch.empty((1, 64), dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="pdl/early: programmatic dependent launch is CUDA's"):
+        kernels.prepare(kernels.Config(block_m=1, block_n=32, block_k=256, packed=True, pdl=True), w.qweight,
+                        w.scales, w.group, batch, out)

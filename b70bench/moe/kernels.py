@@ -589,6 +589,15 @@ def pair_nibbles(qweight: torch.Tensor) -> torch.Tensor:
     return _derived(qweight, "paired", make)
 
 
+def pdl_reason(device: torch.device) -> str | None:
+    """Why programmatic dependent launch (pdl, early) cannot run on this device, or None."""
+    if device.type != "cuda":
+        return f"programmatic dependent launch is CUDA's (sm_90+); this is {device.type}"
+    if torch.cuda.get_device_capability(device) < (9, 0):
+        return "programmatic dependent launch needs compute capability 9.0+ (Hopper)"
+    return None
+
+
 def prepare(cfg: Config, qweight, scales, group: int, batch, out: torch.Tensor):
     """A no-argument callable computing out [T, N] for this batch; all metadata made here."""
     t, topk, k = batch.x.shape
@@ -616,10 +625,12 @@ def prepare(cfg: Config, qweight, scales, group: int, batch, out: torch.Tensor):
                          "blocks (1-2 pairs) only")
     if cfg.pdl and cfg.fused_reduce:
         raise ValueError("pdl overlaps the second-kernel sum: it needs 'sum', not 'fused'")
+    interpreted = os.environ.get("TRITON_INTERPRET") == "1"  # the interpreter runs no inline PTX
+    if (cfg.pdl or cfg.early) and not interpreted and pdl_reason(batch.x.device):
+        raise ValueError(f"pdl/early: {pdl_reason(batch.x.device)}")
     sum_block = 256
     sum_grid = (t, triton.cdiv(n, sum_block))
 
-    interpreted = os.environ.get("TRITON_INTERPRET") == "1"  # the interpreter runs no inline PTX
     extra = {"maxnreg": cfg.maxnreg} if cfg.maxnreg and not interpreted else {}
     if kernel is _moe_down_vec:
         extra.update(STAGES=cfg.num_stages, PACKED=cfg.packed, HALF=x.dtype == torch.float16, TILED=cfg.tiled,

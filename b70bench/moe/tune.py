@@ -19,12 +19,14 @@ COLUMNS = ["tp", "tokens", "config", "programs", "time_us", "time_us_iqr", "gbps
            "skipped"]
 
 
-def configs(k: int, group: int, auto_bm: int, n: int = 3072, blocks: dict | None = None, sms: int = 132) -> list:
+def configs(k: int, group: int, auto_bm: int, n: int = 3072, blocks: dict | None = None, sms: int = 132,
+            pdl: bool = False) -> list:
     """Candidate tilings, the likeliest first (the sweep stops at its deadline). Decode shapes
-    start with the families the H200 sweeps found fastest (runs 6-13: one pair per block, narrow
-    tiles, deep K-blocks, packed dequant on paired nibbles), then a scored grid: about 2-8
-    programs per SM first, the in-kernel reduction before the second launch. `blocks` maps
-    block_m to the number of expert blocks of the probe routing."""
+    start with the families the H200 sweeps found fastest (runs 6-17: one pair per block, narrow
+    tiles, deep K-blocks or prefetched 128-deep ones, packed dequant on paired nibbles, and with
+    `pdl` (Hopper+) programmatic dependent launch), then a scored grid: about 2-8 programs per SM
+    first, the in-kernel reduction before the second launch. `blocks` maps block_m to the number
+    of expert blocks of the probe routing."""
     import math
 
     from b70bench.moe.kernels import DOT_MIN_M, Config, fit_block_k
@@ -33,10 +35,10 @@ def configs(k: int, group: int, auto_bm: int, n: int = 3072, blocks: dict | None
     seeds = []
     if auto_bm < DOT_MIN_M:
         deep = min(512, 1 << max(7, (k - 1).bit_length()))
-        for bn, bk, warps in ((32, deep, 2), (64, 128, 4), (16, deep, 2), (64, deep, 4)):
-            for fused in (False, True):
+        for bn, bk, warps in ((32, deep, 4), (64, 128, 2), (32, 256, 2), (32, deep, 2), (64, 128, 4)):
+            for pf in (True, False):
                 seeds.append(Config(block_m=1, block_n=bn, block_k=bk, num_warps=warps, num_stages=1,
-                                    fused_reduce=fused, packed=True, paired=True))
+                                    packed=True, paired=True, prefetch=pf, pdl=pdl, early=pdl))
     cands = []
     for bm, bn, warps, split, fused, packed, stages in itertools.product(
             bms, (128, 64, 256), (4, 8), (1, 2, 3, 4, 6, 8), (True, False), (True, False), (3, 1, 4)):
@@ -90,7 +92,8 @@ def sweep(dev, shape, tps, tokens, dtype, graph: bool = True, repeat: int = 10, 
             auto = kernels.auto_block_m(probe.ids_cpu)
             blocks = {bm: kernels.group_pairs(probe.ids_cpu, bm)[1].numel() for bm in {1, 2, auto, 16}}
             sms = varmod._sm_count(dev.torch_device)
-            cands = configs(k, shape.group, auto, shape.hidden, blocks, sms) if tilings is None else [
+            pdl = kernels.pdl_reason(dev.torch_device) is None
+            cands = configs(k, shape.group, auto, shape.hidden, blocks, sms, pdl) if tilings is None else [
                 replace(t, block_m=t.block_m or auto) for t in tilings]
             for cfg in cands:
                 if time.monotonic() > deadline:

@@ -191,20 +191,22 @@ class TritonVariant:
             return replace(cfg, **self.overrides)
         if not dot:
             # Decode: bound by the bytes each SM has in flight (ncu: 0.5 waves, 30% of DRAM peak with
-            # 64-wide tiles looping over K). Narrow tiles, 2 warps, and up to 512 of K per load give each
-            # thread 32 words in flight; the packed dequant cuts the issue load; the second-kernel sum
-            # beats the in-kernel one from 4 tokens on and ties at 1. H200 sweeps: results/moe-down-h200.md,
-            # runs 6-10 (pipelining, a tiled weight layout and register caps did not pay).
-            # Paired nibbles: the activation pairs are single loads (1-4% in run 12). A short K (TP4's 384)
-            # with several tokens does better with 64-wide tiles of 4 warps looping over 128-deep blocks
-            # (TP4 tokens 4/16: 12.0/31.9 vs 13.5/37.2 us).
+            # 64-wide tiles looping over K) and by the launch and top-k sum around the kernel. H200
+            # sweeps (results/moe-down-h200.md): one token takes 32-wide tiles of 4 warps and up to 512
+            # of K per load; several tokens 64-wide tiles of 2 warps looping over 128-deep blocks; both
+            # with the next block's words held in registers (pf), the packed dequant on paired nibbles,
+            # and, on Hopper+, programmatic dependent launch: the second-kernel sum launched under the
+            # main kernel (pdl) and the main kernel under the previous kernel (early). Run 17: TP1
+            # tokens 1/4/16 9.06/26.15/83.95 us, TP4 5.03/9.12/25.85 us (10.88/28.24/90.22 and
+            # 5.95/11.92/32.48 before).
             packed = batch.x.dtype in (torch.float16, torch.bfloat16)
-            if k <= 512 and batch.tokens > 1:
-                bn, bk, warps = 64, 128, 4
+            if batch.tokens == 1:
+                bn, bk, warps = 32, min(512, 1 << max(7, (k - 1).bit_length())), 4
             else:
-                bn, bk, warps = 32, min(512, 1 << max(7, (k - 1).bit_length())), 2
+                bn, bk, warps = 64, 128, 2
+            pdl = kernels.pdl_reason(batch.x.device) is None
             cfg = kernels.Config(block_m=1, block_n=bn, block_k=bk, num_warps=warps, num_stages=1,
-                                 fused_reduce=False, packed=packed, paired=packed)
+                                 fused_reduce=False, packed=packed, paired=packed, prefetch=True, pdl=pdl, early=pdl)
             return replace(cfg, **self.overrides)
         bn = 32
         n_blocks = sum(-(-c // bm) for c in torch.bincount(batch.ids_cpu.flatten()).tolist() if c)
