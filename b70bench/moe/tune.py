@@ -169,7 +169,8 @@ def parse_tiling(label: str):
         return parse_label(label)
     except ValueError:
         raise UsageError(f"--tilings: {label!r} is not a tiling label; write it as the sweep prints it, "
-                         "e.g. m1n64k512s3w4st1fused-packed") from None
+                         "e.g. m1n32k512s1w4st1sum-packed-paired-pf-pdl-early, flags in the order "
+                         "-packed -paired -tiled -rN -pf -pdl -early") from None
 
 
 def shape_k(row: dict) -> int:
