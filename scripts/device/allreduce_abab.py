@@ -17,7 +17,6 @@ B: b70bench.comm.worker.Rank.row(size, "c10d", mode), the very function the CLI 
 
 import argparse
 import json
-import math
 import os
 import statistics
 import sys
@@ -25,6 +24,9 @@ import time
 import traceback
 
 SCRIPT_DIR = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(os.path.dirname(SCRIPT_DIR)))  # the repository, for b70bench
+from b70bench.stats import median_ci, quantile  # noqa: E402  (plain Python: --report runs anywhere)
+
 MODES = ("in-place", "clone", "empty-copy")  # the minimal loop has no functional mode
 
 
@@ -35,27 +37,6 @@ def label(n: int) -> str:
         if n >= f and n % f == 0:
             return f"{n // f} {unit}"
     return f"{n} B"
-
-
-def quantile(values: list[float], q: float) -> float:
-    s = sorted(values)
-    pos = q * (len(s) - 1)
-    lo = int(pos)
-    hi = min(lo + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
-
-
-def median_ci(values: list[float], level: float = 0.95) -> tuple[float, float] | None:
-    """Distribution-free interval for the median: order statistics k..n+1-k with binomial coverage >= level."""
-    n = len(values)
-    s = sorted(values)
-    tail, k = 0.0, 0
-    while True:  # grow k while P(Binom(n, 1/2) <= k) stays within the allowed tail
-        p = tail + math.comb(n, k) / 2**n
-        if p > (1 - level) / 2:
-            break
-        tail, k = p, k + 1
-    return (s[k - 1], s[n - k]) if k >= 1 else None
 
 
 def summarize(rounds: list[dict]) -> list[dict]:
