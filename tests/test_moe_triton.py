@@ -121,9 +121,9 @@ def test_direct_refuses_what_it_cannot_do():
     w = shapes.random_weights(shape, 256, torch.bfloat16, torch.device("cpu"), 0)
     out = torch.empty((1, 64), dtype=torch.bfloat16)
     C = kernels.Config
-    ok = dict(direct=True, block_n=16, block_k=64, packed=True, paired=True)
     for cfg, match in ((C(direct=True, block_n=16, block_k=64), "add -packed-paired"),
-                       (C(**ok, split_k=2), "no split-K"), (C(**ok, pdl=True), "no second kernel")):
+                       (C(direct=True, block_n=16, block_k=64, packed=True, paired=True, split_k=2), "no split-K"),
+                       (C(direct=True, block_n=16, block_k=64, packed=True, paired=True, pdl=True), "no second kernel")):
         with pytest.raises(ValueError, match=match):
             kernels.prepare(cfg, w.qweight, w.scales, w.group, batch, out)
     odd = shapes.random_batch(shapes.MoeShape(hidden=64, intermediate=256, experts=8, topk=3), 256, 1,
