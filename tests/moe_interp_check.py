@@ -43,9 +43,6 @@ cases = [
     # options the interpreter skips, here only to show the rest of the path is unchanged
     ("bf16", 3, C(block_m=2, block_n=32, block_k=64, packed=True, paired=True, prefetch=True, pdl=True, early=True)),
     ("fp16", 1, C(block_m=1, block_n=64, block_k=64, prefetch=True)),
-    # token-major: each program sums its token's top-k experts in registers and writes out itself
-    ("bf16", 3, C(direct=True, block_n=16, block_k=64, packed=True, paired=True, prefetch=True, early=True)),
-    ("fp16", 1, C(direct=True, block_n=32, block_k=512, packed=True, paired=True)),
 ]
 out = []
 for i, (dt, tokens, cfg) in enumerate(cases):

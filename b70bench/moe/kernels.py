@@ -143,13 +143,13 @@ def _unpair(xp, HALF: tl.constexpr, HIGH: tl.constexpr):
 
 @triton.jit
 def _word_dot(q, xp0, xp1, xp2, xp3, HALF: tl.constexpr, ASM: tl.constexpr):
-    """sum over a word's eight nibbles of (nibble - 8) * x, in q's shape ([..., rows, BLOCK_N]) fp32;
-    xp* are the rows' x pairs (_x_pair, [..., rows]). On the GPU in packed 16-bit arithmetic; the
-    interpreter computes the same sum in fp32 (it runs no PTX)."""
-    a1, _ = tl.broadcast(tl.expand_dims(xp0, -1), q)
-    a2, _ = tl.broadcast(tl.expand_dims(xp1, -1), q)
-    a3, _ = tl.broadcast(tl.expand_dims(xp2, -1), q)
-    a4, _ = tl.broadcast(tl.expand_dims(xp3, -1), q)
+    """sum over a word's eight nibbles of (nibble - 8) * x, [rows, BLOCK_N] fp32; xp* are the
+    row's x pairs (_x_pair, [rows]). On the GPU in packed 16-bit arithmetic; the interpreter
+    computes the same sum in fp32 (it runs no PTX)."""
+    a1, _ = tl.broadcast(xp0[:, None], q)
+    a2, _ = tl.broadcast(xp1[:, None], q)
+    a3, _ = tl.broadcast(xp2[:, None], q)
+    a4, _ = tl.broadcast(xp3[:, None], q)
     if ASM:
         if HALF:
             res = tl.inline_asm_elementwise(_WORD_DOT_FP16, "=r,r,r,r,r,r", [q, a1, a2, a3, a4],
@@ -341,74 +341,6 @@ def _moe_down_vec(x_ptr, qw_ptr, sc_ptr, pair_ptr, blk_expert_ptr, rw_ptr, part_
 
 
 @triton.jit
-def _direct_weights(qw_rows, sc_rows, k0, K, rows, n_ok, N, GROUP: tl.constexpr):
-    """A K-block of all top-k experts' words and fp32 scales, [TOPK, BLOCK_K/8, BLOCK_N]."""
-    r = rows[None, :, None]
-    ok = ((k0 + r * PACK_C) < K) & n_ok[None, None, :]
-    q = tl.load(qw_rows + (k0 // PACK_C + r) * N, mask=ok, other=0, eviction_policy="evict_first")
-    s = tl.load(sc_rows + ((k0 + r * PACK_C) // GROUP) * N, mask=ok, other=0.0).to(tl.float32)
-    return q, s
-
-
-@triton.jit
-def _direct_products(q, s, x_rows, slot_ok, k0, K, rows, HALF: tl.constexpr, ASM: tl.constexpr):
-    """Scaled products of a K-block for all top-k experts, in q's shape; x_rows: [TOPK, 1] int32
-    pointers to each pair's activations (paired words: one 32-bit load per x pair); slot_ok:
-    [TOPK, 1], all true (Triton's interpreter wants a mask of the load's full shape)."""
-    cols = k0 + rows[None, :] * PACK_C
-    ok = (cols < K) & slot_ok
-    base = x_rows + cols // 2
-    xp0 = tl.load(base, mask=ok, other=0)
-    xp1 = tl.load(base + 1, mask=ok, other=0)
-    xp2 = tl.load(base + 2, mask=ok, other=0)
-    xp3 = tl.load(base + 3, mask=ok, other=0)
-    return _word_dot(q, xp0, xp1, xp2, xp3, HALF, ASM) * s
-
-
-@triton.jit
-def _moe_down_direct(x_ptr, qw_ptr, sc_ptr, ids_ptr, rw_ptr, out_ptr, N, K,
-                     TOPK: tl.constexpr, GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                     HALF: tl.constexpr, ASM: tl.constexpr, PREFETCH: tl.constexpr, EARLY: tl.constexpr):
-    """Decode, token-major: one program per (N-tile, token) reads that token's top-k experts'
-    [K, BLOCK_N] slices together ([TOPK, BLOCK_K/8, BLOCK_N] tiles of paired words) and sums
-    experts and K in registers, so it writes the output itself: no partials, no second kernel
-    and no wait on a whole grid between the products and the top-k sum. An expert hit by two
-    tokens is read twice (once per token's programs; L2 may serve the second)."""
-    pid_n = tl.program_id(0)
-    tok = tl.program_id(1)
-    slots = tl.arange(0, TOPK)
-    experts = tl.load(ids_ptr + tok * TOPK + slots).to(tl.int64)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_ok = offs_n < N
-    rows = tl.arange(0, BLOCK_K // PACK_C)
-    qw_rows = qw_ptr + experts[:, None, None] * (K // PACK_C) * N + offs_n[None, None, :]
-    sc_rows = sc_ptr + experts[:, None, None] * (K // GROUP) * N + offs_n[None, None, :]
-    x_rows = x_ptr.to(tl.pointer_type(tl.int32)) + ((tok * TOPK + slots).to(tl.int64) * (K // 2))[:, None]
-    slot_ok = slots[:, None] < TOPK
-    acc = tl.zeros((TOPK, BLOCK_K // PACK_C, BLOCK_N), dtype=tl.float32)
-    # As in _moe_down_vec: the first K-block's weights before the wait on the previous kernel
-    # (EARLY), the next K-block's held in registers (PREFETCH).
-    q, s = _direct_weights(qw_rows, sc_rows, 0, K, rows, n_ok, N, GROUP)
-    if EARLY and ASM:
-        tl.extra.cuda.gdc_wait()
-    for k0 in range(0, K, BLOCK_K):
-        if PREFETCH:
-            q_next, s_next = _direct_weights(qw_rows, sc_rows, k0 + BLOCK_K, K, rows, n_ok, N, GROUP)
-        acc += _direct_products(q, s, x_rows, slot_ok, k0, K, rows, HALF, ASM)
-        if PREFETCH:
-            q, s = q_next, s_next
-        else:
-            q, s = _direct_weights(qw_rows, sc_rows, k0 + BLOCK_K, K, rows, n_ok, N, GROUP)
-    if EARLY and ASM:
-        # Every weight of this program is in: whatever follows may launch and stream its own
-        # weights under this kernel's epilogue (the reduction and the store), not under its loads.
-        tl.extra.cuda.gdc_launch_dependents()
-    rw = tl.load(rw_ptr + tok * TOPK + slots)
-    y = tl.sum(tl.sum(acc, axis=1) * rw[:, None], axis=0)
-    tl.store(out_ptr + tok.to(tl.int64) * N + offs_n, y.to(out_ptr.dtype.element_ty), mask=n_ok)
-
-
-@triton.jit
 def _dot_block(x_ptr, qw_ptr, sc_ptr, pair_ptr, blk_expert_ptr, P, N, K, GROUP: tl.constexpr,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr):
     """What a dot program works on: its block's pairs (and which are real), its N-tile, its K
@@ -519,9 +451,6 @@ class Config:
     tiled: bool = False  # decode blocks: weights repacked N-tile-major once per weight set (tile_weights)
     maxnreg: int = 0  # registers per thread ptxas may use (0: its choice); fewer = more programs resident
     paired: bool = False  # packed decode: nibbles reordered (pair_nibbles) so x pairs are single 32-bit loads
-    # Decode: one program per (N-tile, token) over the token's top-k experts, summed in registers and
-    # written out directly (_moe_down_direct; block_m, split_k and the reduction do not apply)
-    direct: bool = False
     # Decode blocks, Hopper+ (programmatic dependent launch; the interpreter ignores these three):
     prefetch: bool = False  # the next K-block's words loaded into registers before this block's products
     pdl: bool = False  # the sum kernel launches under the main kernel's tail instead of after it
@@ -532,8 +461,6 @@ class Config:
         flags = ("-packed" if self.packed else "") + ("-paired" if self.paired else "")
         flags += ("-tiled" if self.tiled else "") + (f"-r{self.maxnreg}" if self.maxnreg else "")
         flags += ("-pf" if self.prefetch else "") + ("-pdl" if self.pdl else "") + ("-early" if self.early else "")
-        if self.direct:
-            return f"direct-n{self.block_n}k{self.block_k}w{self.num_warps}{flags}"
         return (f"m{self.block_m}n{self.block_n}k{self.block_k}s{self.split_k}"
                 f"w{self.num_warps}st{self.num_stages}{red}{flags}")
 
@@ -675,8 +602,6 @@ def pdl_reason(device: torch.device) -> str | None:
 
 def prepare(cfg: Config, qweight, scales, group: int, batch, out: torch.Tensor):
     """A no-argument callable computing out [T, N] for this batch; all metadata made here."""
-    if cfg.direct:
-        return _prepare_direct(cfg, qweight, scales, group, batch, out)
     t, topk, k = batch.x.shape
     n = qweight.shape[-1]
     p = t * topk
@@ -733,40 +658,6 @@ def prepare(cfg: Config, qweight, scales, group: int, batch, out: torch.Tensor):
         if not cfg.fused_reduce:
             _moe_sum[sum_grid](part, out, p, n, TOPK=topk, SPLIT_K=cfg.split_k, BLOCK=sum_block, num_warps=4,
                                **sum_pdl)
-        return out
-
-    return run
-
-
-def _prepare_direct(cfg: Config, qweight, scales, group: int, batch, out: torch.Tensor):
-    """prepare() for the token-major decode kernel (_moe_down_direct)."""
-    t, topk, k = batch.x.shape
-    n = qweight.shape[-1]
-    check_config(cfg, k, group)
-    if not (cfg.packed and cfg.paired):
-        raise ValueError("direct computes on paired words with the packed dequant: add -packed-paired")
-    if cfg.pdl or cfg.fused_reduce or cfg.split_k != 1 or cfg.tiled or cfg.maxnreg:
-        raise ValueError("direct sums the top-k experts and all of K in registers: no split-K, fused/pdl "
-                         "reduction (it has no second kernel), tiled layout or register cap")
-    if topk & (topk - 1):
-        raise ValueError(f"direct tiles a token's top-k experts together: top-k {topk} must be a power of two")
-    if batch.x.dtype not in (torch.float16, torch.bfloat16):
-        raise ValueError(f"packed dequant needs fp16 or bf16 activations, not {batch.x.dtype}")
-    interpreted = os.environ.get("TRITON_INTERPRET") == "1"
-    if cfg.early and not interpreted and pdl_reason(batch.x.device):
-        raise ValueError(f"pdl/early: {pdl_reason(batch.x.device)}")
-    words = pair_nibbles(qweight)
-    x = batch.x.reshape(t * topk, k)
-    rw = batch.weights.reshape(t * topk).float().contiguous()
-    ids = batch.ids.reshape(t * topk).contiguous()
-    grid = (triton.cdiv(n, cfg.block_n), t)
-    launch = {"launch_pdl": True} if cfg.early and not interpreted else {}
-
-    def run():
-        _moe_down_direct[grid](x, words, scales, ids, rw, out, n, k, TOPK=topk, GROUP=group, BLOCK_N=cfg.block_n,
-                               BLOCK_K=cfg.block_k, HALF=x.dtype == torch.float16, ASM=not interpreted,
-                               PREFETCH=cfg.prefetch, EARLY=cfg.early, num_warps=cfg.num_warps, num_stages=1,
-                               **launch)
         return out
 
     return run

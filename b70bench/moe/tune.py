@@ -109,8 +109,7 @@ def sweep(dev, shape, tps, tokens, dtype, graph: bool = True, repeat: int = 10, 
                     blocks[cfg.block_m] = kernels.group_pairs(probe.ids_cpu, cfg.block_m)[1].numel()
                 row = dict(tp=tp, tokens=ntok, k=k, n=shape.hidden, config=cfg.label(), tiling=asdict(cfg),
                            experts_hit=probe.experts_hit,
-                           programs=(ntok if cfg.direct else blocks[cfg.block_m] * cfg.split_k)
-                           * -(-shape.hidden // cfg.block_n), graph=graph)
+                           programs=blocks[cfg.block_m] * -(-shape.hidden // cfg.block_n) * cfg.split_k, graph=graph)
                 try:
                     row.update(suite.check(v, ref, shape, wsets[0], k, ntok, dtype, dev, seed + 31 * ntok))
                     row.update(suite._time(dev, v, wsets, batches, graph, repeat, 3, mean_bytes, anchor))
@@ -149,19 +148,10 @@ LABEL = re.compile(r"m(\d+)n(\d+)k(\d+)s(\d+)w(\d+)st(\d+)(sum|fused)(-packed)?(
                    r"(-pf)?(-pdl)?(-early)?$")
 
 
-DIRECT = re.compile(r"direct-n(\d+)k(\d+)w(\d+)(-packed)?(-paired)?(-pf)?(-early)?$")
-
-
 def parse_label(label: str):
     """Config from its label, e.g. m1n64k128s4w4st3sum (older sweep files carry only this)."""
     from b70bench.moe.kernels import Config
 
-    m = DIRECT.match(label)
-    if m:
-        bn, bk, warps = map(int, m.groups()[:3])
-        return Config(block_m=1, block_n=bn, block_k=bk, num_warps=warps, num_stages=1, direct=True,
-                      packed=m.group(4) is not None, paired=m.group(5) is not None, prefetch=m.group(6) is not None,
-                      early=m.group(7) is not None)
     m = LABEL.match(label)
     if not m:
         raise ValueError(f"not a tiling label: {label!r}")
