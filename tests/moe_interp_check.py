@@ -43,8 +43,6 @@ cases = [
     # options the interpreter skips, here only to show the rest of the path is unchanged
     ("bf16", 3, C(block_m=2, block_n=32, block_k=64, packed=True, paired=True, prefetch=True, pdl=True, early=True)),
     ("fp16", 1, C(block_m=1, block_n=64, block_k=64, prefetch=True)),
-    # the words through a tensor descriptor (TMA on sm_90+) in the pipelined loop
-    ("bf16", 3, C(block_m=2, block_n=32, block_k=64, num_stages=3, packed=True, paired=True, pdl=True, tma=True)),
 ]
 out = []
 for i, (dt, tokens, cfg) in enumerate(cases):

@@ -255,12 +255,11 @@ def _block_products(q, s, x_row, p, k0, k_end, rows, P, PACKED: tl.constexpr, PA
 
 @triton.jit
 def _moe_down_vec(x_ptr, qw_ptr, sc_ptr, pair_ptr, blk_expert_ptr, rw_ptr, part_ptr, out_ptr, cnt_ptr,
-                  P, N, K, n_tiles, qw_desc,
+                  P, N, K, n_tiles,
                   TOPK: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                   BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, FUSED_REDUCE: tl.constexpr, ASM: tl.constexpr,
                   STAGES: tl.constexpr, PACKED: tl.constexpr, HALF: tl.constexpr, TILED: tl.constexpr,
-                  PAIRED: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr, EARLY: tl.constexpr,
-                  TMA: tl.constexpr):
+                  PAIRED: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr, EARLY: tl.constexpr):
     """Decode: 1 or 2 pairs per block. Each pair accumulates scaled products in a
     [BLOCK_K/8, BLOCK_N] fp32 tile laid out like the loaded words (2D, so every op keeps the
     load's layout); the word rows are summed once, after the K loop."""
@@ -322,17 +321,10 @@ def _moe_down_vec(x_ptr, qw_ptr, sc_ptr, pair_ptr, blk_expert_ptr, rw_ptr, part_
             else:  # the K-block after the last is all masked: no memory traffic
                 q, s = _block_weights(qw_base, sc_base, k0 + BLOCK_K, k_end, rows, w_cols, n_ok, w_stride, GROUP)
     else:
-        # STAGES > 1 asks Triton to pipeline the loop (cp.async into shared memory; with TMA, bulk
-        # tensor copies completing on an mbarrier), STAGES-1 K-blocks ahead.
+        # STAGES > 1 asks Triton to pipeline the loop (cp.async into shared memory).
         for kk in tl.range(0, k_per, BLOCK_K, num_stages=STAGES):
             k0 = k_lo + kk
-            if TMA:
-                # The words through the tensor memory accelerator: in flight in shared memory, not
-                # in registers; the boxes tile [E*K/8, N] (prepare checks they never cross an expert).
-                q = qw_desc.load([(expert * (K // PACK_C) + k0 // PACK_C).to(tl.int32), pid_n * BLOCK_N])
-                s = _scales(sc_base, k0, rows, w_cols, (rows >= 0)[:, None] & n_ok[None, :], w_stride, GROUP)
-            else:
-                q, s = _block_weights(qw_base, sc_base, k0, k_end, rows, w_cols, n_ok, w_stride, GROUP)
+            q, s = _block_weights(qw_base, sc_base, k0, k_end, rows, w_cols, n_ok, w_stride, GROUP)
             acc0 += _block_products(q, s, x0, p0, k0, k_end, rows, P, PACKED, PAIRED, HALF, ASM)
             if BLOCK_M == 2:
                 acc1 += _block_products(q, s, x1, p1, k0, k_end, rows, P, PACKED, PAIRED, HALF, ASM)
@@ -463,14 +455,12 @@ class Config:
     prefetch: bool = False  # the next K-block's words loaded into registers before this block's products
     pdl: bool = False  # the sum kernel launches under the main kernel's tail instead of after it
     early: bool = False  # the main kernel launches under the previous kernel, streaming weights before it waits
-    tma: bool = False  # decode blocks, sm_90+: words loaded by TMA into shared memory in the pipelined (stN) loop
 
     def label(self) -> str:
         red = "fused" if self.fused_reduce else "sum"
         flags = ("-packed" if self.packed else "") + ("-paired" if self.paired else "")
         flags += ("-tiled" if self.tiled else "") + (f"-r{self.maxnreg}" if self.maxnreg else "")
         flags += ("-pf" if self.prefetch else "") + ("-pdl" if self.pdl else "") + ("-early" if self.early else "")
-        flags += "-tma" if self.tma else ""
         return (f"m{self.block_m}n{self.block_n}k{self.block_k}s{self.split_k}"
                 f"w{self.num_warps}st{self.num_stages}{red}{flags}")
 
@@ -632,24 +622,21 @@ def prepare(cfg: Config, qweight, scales, group: int, batch, out: torch.Tensor):
         kernel = _moe_down_vec
     else:
         raise ValueError(f"block_m {bm}: 1 or 2 pairs per block, or 16+ with a {DOT_K}-deep K-block in one group")
-    if (cfg.tiled or cfg.packed or cfg.prefetch or cfg.pdl or cfg.early or cfg.tma) and kernel is not _moe_down_vec:
+    if (cfg.tiled or cfg.packed or cfg.prefetch or cfg.pdl or cfg.early) and kernel is not _moe_down_vec:
         raise ValueError(f"block_m {bm}: the packed, paired, tiled, pf, pdl and early options are for decode "
                          "blocks (1-2 pairs) only")
     if cfg.pdl and cfg.fused_reduce:
         raise ValueError("pdl overlaps the second-kernel sum: it needs 'sum', not 'fused'")
     interpreted = os.environ.get("TRITON_INTERPRET") == "1"  # the interpreter runs no inline PTX
-    if (cfg.pdl or cfg.early or cfg.tma) and not interpreted and pdl_reason(batch.x.device):
-        raise ValueError(f"pdl/early/tma: {pdl_reason(batch.x.device)}")
-    if cfg.tma and (cfg.prefetch or cfg.early or cfg.tiled or (k // cfg.split_k) % cfg.block_k or n % cfg.block_n):
-        raise ValueError("tma feeds the pipelined loop (stN): not with pf, early or tiled, and its boxes must tile "
-                         f"each K split ({k // cfg.split_k}) and N ({n}) exactly")
+    if (cfg.pdl or cfg.early) and not interpreted and pdl_reason(batch.x.device):
+        raise ValueError(f"pdl/early: {pdl_reason(batch.x.device)}")
     sum_block = 256
     sum_grid = (t, triton.cdiv(n, sum_block))
 
     extra = {"maxnreg": cfg.maxnreg} if cfg.maxnreg and not interpreted else {}
     if kernel is _moe_down_vec:
         extra.update(STAGES=cfg.num_stages, PACKED=cfg.packed, HALF=x.dtype == torch.float16, TILED=cfg.tiled,
-                     PAIRED=cfg.paired, PREFETCH=cfg.prefetch, PDL=cfg.pdl, EARLY=cfg.early, TMA=cfg.tma, qw_desc=None)
+                     PAIRED=cfg.paired, PREFETCH=cfg.prefetch, PDL=cfg.pdl, EARLY=cfg.early)
         if cfg.early and not interpreted:
             extra["launch_pdl"] = True
         if cfg.paired and not cfg.packed:
@@ -658,11 +645,6 @@ def prepare(cfg: Config, qweight, scales, group: int, batch, out: torch.Tensor):
             qweight = pair_nibbles(qweight)
         if cfg.tiled:
             qweight, scales = tile_weights(qweight, cfg.block_n), tile_weights(scales, cfg.block_n)
-        if cfg.tma:
-            from triton.tools.tensor_descriptor import TensorDescriptor
-
-            rows2d = qweight.reshape(-1, n)
-            extra["qw_desc"] = TensorDescriptor(rows2d, list(rows2d.shape), [n, 1], [cfg.block_k // PACK, cfg.block_n])
         if cfg.packed and x.dtype not in (torch.float16, torch.bfloat16):
             raise ValueError(f"packed dequant needs fp16 or bf16 activations, not {x.dtype}")
 
