@@ -143,13 +143,13 @@ def _unpair(xp, HALF: tl.constexpr, HIGH: tl.constexpr):
 
 @triton.jit
 def _word_dot(q, xp0, xp1, xp2, xp3, HALF: tl.constexpr, ASM: tl.constexpr):
-    """sum over a word's eight nibbles of (nibble - 8) * x, in q's shape ([..., BLOCK_N]) fp32; xp*
-    are the rows' x pairs (_x_pair, q's shape without its last dimension). On the GPU in packed
-    16-bit arithmetic; the interpreter computes the same sum in fp32 (it runs no PTX)."""
-    a1, _ = tl.broadcast(tl.expand_dims(xp0, -1), q)
-    a2, _ = tl.broadcast(tl.expand_dims(xp1, -1), q)
-    a3, _ = tl.broadcast(tl.expand_dims(xp2, -1), q)
-    a4, _ = tl.broadcast(tl.expand_dims(xp3, -1), q)
+    """sum over a word's eight nibbles of (nibble - 8) * x, [rows, BLOCK_N] fp32; xp* are the
+    row's x pairs (_x_pair, [rows]). On the GPU in packed 16-bit arithmetic; the interpreter
+    computes the same sum in fp32 (it runs no PTX)."""
+    a1, _ = tl.broadcast(xp0[:, None], q)
+    a2, _ = tl.broadcast(xp1[:, None], q)
+    a3, _ = tl.broadcast(xp2[:, None], q)
+    a4, _ = tl.broadcast(xp3[:, None], q)
     if ASM:
         if HALF:
             res = tl.inline_asm_elementwise(_WORD_DOT_FP16, "=r,r,r,r,r,r", [q, a1, a2, a3, a4],
@@ -218,36 +218,24 @@ def _scales(sc_base, k0, rows, offs_n, ok, N, GROUP: tl.constexpr):
 
 @triton.jit
 def _load_words(qw_base, k0, rows, offs_n, ok, N):
-    """Word rows `rows` ([R] or [G, R/G]) of a K-block, BLOCK_N wide: [..., BLOCK_N]."""
     # Streamed once: first out of the caches (x and the partials stay).
-    return tl.load(qw_base + tl.expand_dims(k0 // PACK_C + rows, -1) * N + offs_n, mask=ok,
+    return tl.load(qw_base + (k0 // PACK_C + rows)[:, None] * N + offs_n[None, :], mask=ok,
                    other=0, eviction_policy="evict_first")
 
 
 @triton.jit
-def _block_weights(qw_base, sc_base, k0, k_end, rows, w_cols, n_ok, w_stride, GROUP: tl.constexpr,
-                   GROUPED: tl.constexpr):
-    """A decode K-block's words ([BLOCK_K/8, BLOCK_N], or [groups, GROUP/8, BLOCK_N] when GROUPED) and
-    fp32 scales (one per word row, or one per group); rows at or past k_end are masked (a K-block
-    deeper than the split, or the one after the last)."""
-    ok = tl.expand_dims((k0 + rows * PACK_C) < k_end, -1) & n_ok
-    q = _load_words(qw_base, k0, rows, w_cols, ok, w_stride)
-    if GROUPED:
-        grp = tl.arange(0, rows.shape[0])  # one scale row per group
-        g_ok = ((k0 + grp * GROUP) < k_end)[:, None] & n_ok[None, :]
-        s = tl.load(sc_base + (k0 // GROUP + grp)[:, None] * w_stride + w_cols[None, :], mask=g_ok,
-                    other=0.0).to(tl.float32)
-    else:
-        s = _scales(sc_base, k0, rows, w_cols, ok, w_stride, GROUP)
-    return q, s
+def _block_weights(qw_base, sc_base, k0, k_end, rows, w_cols, n_ok, w_stride, GROUP: tl.constexpr):
+    """A decode K-block's words and fp32 scales, [BLOCK_K/8, BLOCK_N] each; rows at or past
+    k_end are masked (a K-block deeper than the split, or the one after the last)."""
+    ok = ((k0 + rows * PACK_C) < k_end)[:, None] & n_ok[None, :]
+    return (_load_words(qw_base, k0, rows, w_cols, ok, w_stride),
+            _scales(sc_base, k0, rows, w_cols, ok, w_stride, GROUP))
 
 
 @triton.jit
 def _block_products(q, s, x_row, p, k0, k_end, rows, P, PACKED: tl.constexpr, PAIRED: tl.constexpr,
-                    HALF: tl.constexpr, ASM: tl.constexpr, GROUPED: tl.constexpr):
-    """One pair's scaled products over a decode K-block: [BLOCK_K/8, BLOCK_N] fp32 in q's layout, or
-    (GROUPED) summed over each group's word rows first, [groups, BLOCK_N], so a scale multiplies a
-    group's sum once and the accumulator holds a row per group, not per word row."""
+                    HALF: tl.constexpr, ASM: tl.constexpr):
+    """One pair's scaled products over a decode K-block, [BLOCK_K/8, BLOCK_N] fp32 in q's layout."""
     cols = k0 + rows * PACK_C  # column 8r of this block: word row r's nibble 0
     # A vector mask (rows * 0 + p): Triton's interpreter rejects a scalar mask on a vector load.
     ok = (cols < k_end) & ((rows * 0 + p) < P)
@@ -262,11 +250,7 @@ def _block_products(q, s, x_row, p, k0, k_end, rows, P, PACKED: tl.constexpr, PA
         blk = tl.zeros(q.shape, dtype=tl.float32)
         for j in tl.static_range(PACK_C):
             blk += tl.load(x_row + cols + j, mask=ok, other=0.0).to(tl.float32)[:, None] * _plane(q, q_hi, j, ASM)
-    if GROUPED:
-        res = tl.sum(blk, axis=1) * s
-    else:
-        res = blk * s
-    return res
+    return blk * s
 
 
 @triton.jit
@@ -275,8 +259,7 @@ def _moe_down_vec(x_ptr, qw_ptr, sc_ptr, pair_ptr, blk_expert_ptr, rw_ptr, part_
                   TOPK: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                   BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, FUSED_REDUCE: tl.constexpr, ASM: tl.constexpr,
                   STAGES: tl.constexpr, PACKED: tl.constexpr, HALF: tl.constexpr, TILED: tl.constexpr,
-                  PAIRED: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr, EARLY: tl.constexpr,
-                  GROUPED: tl.constexpr):
+                  PAIRED: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr, EARLY: tl.constexpr):
     """Decode: 1 or 2 pairs per block. Each pair accumulates scaled products in a
     [BLOCK_K/8, BLOCK_N] fp32 tile laid out like the loaded words (2D, so every op keeps the
     load's layout); the word rows are summed once, after the K loop."""
@@ -289,12 +272,7 @@ def _moe_down_vec(x_ptr, qw_ptr, sc_ptr, pair_ptr, blk_expert_ptr, rw_ptr, part_
     expert = tl.load(blk_expert_ptr + pid_m).to(tl.int64)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < N
-    if GROUPED:  # word rows as [groups, rows per group]
-        rows = tl.arange(0, BLOCK_K // GROUP)[:, None] * (GROUP // PACK_C) + tl.arange(0, GROUP // PACK_C)[None, :]
-        ACC_ROWS: tl.constexpr = BLOCK_K // GROUP
-    else:
-        rows = tl.arange(0, BLOCK_K // PACK_C)
-        ACC_ROWS: tl.constexpr = BLOCK_K // PACK_C
+    rows = tl.arange(0, BLOCK_K // PACK_C)
     k_per = K // SPLIT_K
     k_lo = pid_k * k_per
     k_end = k_lo + k_per
@@ -313,11 +291,11 @@ def _moe_down_vec(x_ptr, qw_ptr, sc_ptr, pair_ptr, blk_expert_ptr, rw_ptr, part_
         w_stride = N
     p0 = tl.load(pair_ptr + pid_m * BLOCK_M)
     x0 = x_ptr + p0.to(tl.int64) * K
-    acc0 = tl.zeros((ACC_ROWS, BLOCK_N), dtype=tl.float32)
+    acc0 = tl.zeros((BLOCK_K // PACK_C, BLOCK_N), dtype=tl.float32)
     if BLOCK_M == 2:
         p1 = tl.load(pair_ptr + pid_m * BLOCK_M + 1)
         x1 = x_ptr + p1.to(tl.int64) * K
-        acc1 = tl.zeros((ACC_ROWS, BLOCK_N), dtype=tl.float32)
+        acc1 = tl.zeros((BLOCK_K // PACK_C, BLOCK_N), dtype=tl.float32)
     # A K-block deeper than the split (BLOCK_K > k_per, e.g. 512 for TP4's 384) is one masked
     # iteration: the whole split's loads are issued at once, which a loop of dependent K-blocks
     # cannot do (decode rows are bound by the bytes each SM has in flight; results/moe-down-h200.md).
@@ -327,30 +305,29 @@ def _moe_down_vec(x_ptr, qw_ptr, sc_ptr, pair_ptr, blk_expert_ptr, rw_ptr, part_
         # the routing (made before the up/gate projection) are not the previous kernel's output;
         # the activations and the partials are, so they wait. PREFETCH holds the next K-block's
         # words in registers while this one's products are computed.
-        q, s = _block_weights(qw_base, sc_base, k_lo, k_end, rows, w_cols, n_ok, w_stride, GROUP, GROUPED)
+        q, s = _block_weights(qw_base, sc_base, k_lo, k_end, rows, w_cols, n_ok, w_stride, GROUP)
         if EARLY and ASM:
             tl.extra.cuda.gdc_wait()
         for kk in range(0, k_per, BLOCK_K):
             k0 = k_lo + kk
             if PREFETCH:
                 q_next, s_next = _block_weights(qw_base, sc_base, k0 + BLOCK_K, k_end, rows, w_cols, n_ok,
-                                                w_stride, GROUP, GROUPED)
-            acc0 += _block_products(q, s, x0, p0, k0, k_end, rows, P, PACKED, PAIRED, HALF, ASM, GROUPED)
+                                                w_stride, GROUP)
+            acc0 += _block_products(q, s, x0, p0, k0, k_end, rows, P, PACKED, PAIRED, HALF, ASM)
             if BLOCK_M == 2:
-                acc1 += _block_products(q, s, x1, p1, k0, k_end, rows, P, PACKED, PAIRED, HALF, ASM, GROUPED)
+                acc1 += _block_products(q, s, x1, p1, k0, k_end, rows, P, PACKED, PAIRED, HALF, ASM)
             if PREFETCH:
                 q, s = q_next, s_next
             else:  # the K-block after the last is all masked: no memory traffic
-                q, s = _block_weights(qw_base, sc_base, k0 + BLOCK_K, k_end, rows, w_cols, n_ok, w_stride, GROUP,
-                                      GROUPED)
+                q, s = _block_weights(qw_base, sc_base, k0 + BLOCK_K, k_end, rows, w_cols, n_ok, w_stride, GROUP)
     else:
         # STAGES > 1 asks Triton to pipeline the loop (cp.async into shared memory).
         for kk in tl.range(0, k_per, BLOCK_K, num_stages=STAGES):
             k0 = k_lo + kk
-            q, s = _block_weights(qw_base, sc_base, k0, k_end, rows, w_cols, n_ok, w_stride, GROUP, GROUPED)
-            acc0 += _block_products(q, s, x0, p0, k0, k_end, rows, P, PACKED, PAIRED, HALF, ASM, GROUPED)
+            q, s = _block_weights(qw_base, sc_base, k0, k_end, rows, w_cols, n_ok, w_stride, GROUP)
+            acc0 += _block_products(q, s, x0, p0, k0, k_end, rows, P, PACKED, PAIRED, HALF, ASM)
             if BLOCK_M == 2:
-                acc1 += _block_products(q, s, x1, p1, k0, k_end, rows, P, PACKED, PAIRED, HALF, ASM, GROUPED)
+                acc1 += _block_products(q, s, x1, p1, k0, k_end, rows, P, PACKED, PAIRED, HALF, ASM)
     part = part_ptr + pid_k * P * N + offs_n
     res0 = tl.sum(acc0, axis=0) * tl.load(rw_ptr + p0, mask=p0 < P, other=0.0)
     tl.store(part + p0.to(tl.int64) * N, res0, mask=n_ok & ((offs_n * 0 + p0) < P))
@@ -478,14 +455,12 @@ class Config:
     prefetch: bool = False  # the next K-block's words loaded into registers before this block's products
     pdl: bool = False  # the sum kernel launches under the main kernel's tail instead of after it
     early: bool = False  # the main kernel launches under the previous kernel, streaming weights before it waits
-    grouped: bool = False  # packed decode: a group's word rows summed before its one scale (fewer registers per word)
 
     def label(self) -> str:
         red = "fused" if self.fused_reduce else "sum"
         flags = ("-packed" if self.packed else "") + ("-paired" if self.paired else "")
         flags += ("-tiled" if self.tiled else "") + (f"-r{self.maxnreg}" if self.maxnreg else "")
         flags += ("-pf" if self.prefetch else "") + ("-pdl" if self.pdl else "") + ("-early" if self.early else "")
-        flags += "-grp" if self.grouped else ""
         return (f"m{self.block_m}n{self.block_n}k{self.block_k}s{self.split_k}"
                 f"w{self.num_warps}st{self.num_stages}{red}{flags}")
 
@@ -647,8 +622,7 @@ def prepare(cfg: Config, qweight, scales, group: int, batch, out: torch.Tensor):
         kernel = _moe_down_vec
     else:
         raise ValueError(f"block_m {bm}: 1 or 2 pairs per block, or 16+ with a {DOT_K}-deep K-block in one group")
-    decode_only = cfg.tiled or cfg.packed or cfg.prefetch or cfg.pdl or cfg.early or cfg.grouped
-    if decode_only and kernel is not _moe_down_vec:
+    if (cfg.tiled or cfg.packed or cfg.prefetch or cfg.pdl or cfg.early) and kernel is not _moe_down_vec:
         raise ValueError(f"block_m {bm}: the packed, paired, tiled, pf, pdl and early options are for decode "
                          "blocks (1-2 pairs) only")
     if cfg.pdl and cfg.fused_reduce:
@@ -662,10 +636,7 @@ def prepare(cfg: Config, qweight, scales, group: int, batch, out: torch.Tensor):
     extra = {"maxnreg": cfg.maxnreg} if cfg.maxnreg and not interpreted else {}
     if kernel is _moe_down_vec:
         extra.update(STAGES=cfg.num_stages, PACKED=cfg.packed, HALF=x.dtype == torch.float16, TILED=cfg.tiled,
-                     PAIRED=cfg.paired, PREFETCH=cfg.prefetch, PDL=cfg.pdl, EARLY=cfg.early, GROUPED=cfg.grouped)
-        if cfg.grouped and (not cfg.packed or cfg.block_k % group or (k // cfg.split_k) % group):
-            raise ValueError(f"grouped sums whole scale groups: it needs -packed, and the K-block ({cfg.block_k}) "
-                             f"and each K split ({k // cfg.split_k}) in whole groups of {group}")
+                     PAIRED=cfg.paired, PREFETCH=cfg.prefetch, PDL=cfg.pdl, EARLY=cfg.early)
         if cfg.early and not interpreted:
             extra["launch_pdl"] = True
         if cfg.paired and not cfg.packed:
