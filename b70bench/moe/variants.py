@@ -158,9 +158,10 @@ class TritonVariant:
 
     `triton`: one program per (expert block, N-tile of 128; 64 for dot blocks), whole K, a
     second kernel sums the top-k partials. `triton-htile`: finer tiles along N. Decode (1-2 pairs
-    per expert): one pair per block, 32-wide N-tiles of 2 warps, K-blocks of up to 512 (64-wide, 4
-    warps, 128-deep for K <= 512 and several tokens), packed 16x2 dequant on paired nibbles,
-    second-kernel sum; dot blocks: 32-wide N-tiles, split-K until the grid fills the
+    per expert): one pair per block; one token 32-wide N-tiles of 4 warps, K-blocks of up to 512;
+    several tokens 64-wide tiles of 2 warps, 128 deep; the next K-block prefetched, packed 16x2
+    dequant on paired nibbles, second-kernel sum, and on CUDA sm_90+ programmatic dependent launch
+    (pdl, early); dot blocks: 32-wide N-tiles, split-K until the grid fills the
     device several times over, the top-k/split sum done in-kernel by the last arrival.
     `config` pins one tiling (the tuning sweep uses it); `tuned` maps (K, N, tokens) to the
     sweep's fastest correct tiling (`b70bench moe-down --tuned tune.json`).
