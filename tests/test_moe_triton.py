@@ -73,7 +73,7 @@ def test_sweep_records_a_failing_tiling_and_goes_on(monkeypatch):
 
 @pytest.mark.parametrize("label", ["m1n32k512s1w2st1sum-packed-paired", "m1n64k128s1w4st1fused-packed-paired-tiled-r96",
                                    "m16n128k128s1w4st3fused", "m2n32k64s2w4st2sum-tiled",
-                                   "m1n32k512s1w2st1sum-packed-paired-pf-pdl-early-l2pf"])
+                                   "m1n32k512s1w2st1sum-packed-paired-pf-pdl-early"])
 def test_tiling_labels_round_trip(label):
     from b70bench.moe import tune
 

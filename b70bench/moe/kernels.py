@@ -259,8 +259,7 @@ def _moe_down_vec(x_ptr, qw_ptr, sc_ptr, pair_ptr, blk_expert_ptr, rw_ptr, part_
                   TOPK: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                   BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, FUSED_REDUCE: tl.constexpr, ASM: tl.constexpr,
                   STAGES: tl.constexpr, PACKED: tl.constexpr, HALF: tl.constexpr, TILED: tl.constexpr,
-                  PAIRED: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr, EARLY: tl.constexpr,
-                  L2PF: tl.constexpr):
+                  PAIRED: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr, EARLY: tl.constexpr):
     """Decode: 1 or 2 pairs per block. Each pair accumulates scaled products in a
     [BLOCK_K/8, BLOCK_N] fp32 tile laid out like the loaded words (2D, so every op keeps the
     load's layout); the word rows are summed once, after the K loop."""
@@ -307,14 +306,6 @@ def _moe_down_vec(x_ptr, qw_ptr, sc_ptr, pair_ptr, blk_expert_ptr, rw_ptr, part_
         # the activations and the partials are, so they wait. PREFETCH holds the next K-block's
         # words in registers while this one's products are computed.
         q, s = _block_weights(qw_base, sc_base, k_lo, k_end, rows, w_cols, n_ok, w_stride, GROUP)
-        if L2PF and ASM:
-            # The split's later K-blocks asked into L2 now, one prefetch per 128-byte row piece (no
-            # registers held): their loads in the loop then wait on L2, not on DRAM.
-            lines = rows[:, None] * w_stride + tl.min(w_cols, axis=0) + tl.arange(0, (BLOCK_N + 31) // 32)[None, :] * 32
-            for kk in range(BLOCK_K, k_per, BLOCK_K):
-                tl.inline_asm_elementwise("prefetch.global.L2::evict_last [$1]; mov.u32 $0, 0;", "=r,l",
-                                          [qw_base + (k_lo + kk) // PACK_C * w_stride + lines], dtype=tl.int32,
-                                          is_pure=False, pack=1)
         if EARLY and ASM:
             tl.extra.cuda.gdc_wait()
         for kk in range(0, k_per, BLOCK_K):
@@ -464,14 +455,12 @@ class Config:
     # Decode blocks, CUDA sm_90+ (programmatic dependent launch; the interpreter runs the kernels without it):
     pdl: bool = False  # the sum kernel launches under the main kernel's tail instead of after it
     early: bool = False  # the main kernel launches under the previous kernel, streaming weights before it waits
-    l2pf: bool = False  # with pf or early: the split's later K-blocks prefetched into L2 at the start
 
     def label(self) -> str:
         red = "fused" if self.fused_reduce else "sum"
         flags = ("-packed" if self.packed else "") + ("-paired" if self.paired else "")
         flags += ("-tiled" if self.tiled else "") + (f"-r{self.maxnreg}" if self.maxnreg else "")
         flags += ("-pf" if self.prefetch else "") + ("-pdl" if self.pdl else "") + ("-early" if self.early else "")
-        flags += "-l2pf" if self.l2pf else ""
         return (f"m{self.block_m}n{self.block_n}k{self.block_k}s{self.split_k}"
                 f"w{self.num_warps}st{self.num_stages}{red}{flags}")
 
@@ -647,9 +636,7 @@ def prepare(cfg: Config, qweight, scales, group: int, batch, out: torch.Tensor):
     extra = {"maxnreg": cfg.maxnreg} if cfg.maxnreg and not interpreted else {}
     if kernel is _moe_down_vec:
         extra.update(STAGES=cfg.num_stages, PACKED=cfg.packed, HALF=x.dtype == torch.float16, TILED=cfg.tiled,
-                     PAIRED=cfg.paired, PREFETCH=cfg.prefetch, PDL=cfg.pdl, EARLY=cfg.early, L2PF=cfg.l2pf)
-        if cfg.l2pf and not (cfg.prefetch or cfg.early):
-            raise ValueError("l2pf prefetches in the loop that pf or early use: add -pf")
+                     PAIRED=cfg.paired, PREFETCH=cfg.prefetch, PDL=cfg.pdl, EARLY=cfg.early)
         if cfg.early and not interpreted:
             extra["launch_pdl"] = True
         if cfg.paired and not cfg.packed:

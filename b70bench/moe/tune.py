@@ -145,7 +145,7 @@ def load_tuned(path) -> dict:
 
 
 LABEL = re.compile(r"m(\d+)n(\d+)k(\d+)s(\d+)w(\d+)st(\d+)(sum|fused)(-packed)?(-paired)?(-tiled)?(?:-r(\d+))?"
-                   r"(-pf)?(-pdl)?(-early)?(-l2pf)?$")
+                   r"(-pf)?(-pdl)?(-early)?$")
 
 
 def parse_label(label: str):
@@ -158,8 +158,7 @@ def parse_label(label: str):
     bm, bn, bk, split, warps, stages = map(int, m.groups()[:6])
     return Config(bm, bn, bk, split, warps, stages, fused_reduce=m.group(7) == "fused", packed=m.group(8) is not None,
                   paired=m.group(9) is not None, tiled=m.group(10) is not None, maxnreg=int(m.group(11) or 0),
-                  prefetch=m.group(12) is not None, pdl=m.group(13) is not None, early=m.group(14) is not None,
-                  l2pf=m.group(15) is not None)
+                  prefetch=m.group(12) is not None, pdl=m.group(13) is not None, early=m.group(14) is not None)
 
 
 def parse_tiling(label: str):
