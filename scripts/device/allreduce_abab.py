@@ -127,53 +127,6 @@ def report(path: str, nccl_dir: str | None) -> int:
 
 # -- the measurement: one rank under torchrun --
 
-def minimal(size: int, mode: str, graph: bool, iters: int, repeat: int, device) -> float:
-    """minimal_allreduce.py's loop for one (size, mode): per-rank median seconds per op, max over ranks."""
-    import torch
-    import torch.distributed as dist
-
-    cuda = device.type == "cuda"
-    x = torch.ones(size // 2, dtype=torch.float16, device=device)
-    out = torch.empty_like(x)
-    op = {"in-place": lambda: dist.all_reduce(x), "clone": lambda: dist.all_reduce(x.clone()),
-          "empty-copy": lambda: dist.all_reduce(out.copy_(x))}[mode]
-    sync = torch.cuda.synchronize if cuda else (lambda: None)
-    if cuda:
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # warm-up (on a side stream, as graph capture requires)
-            for _ in range(5):
-                op()
-        torch.cuda.current_stream().wait_stream(side)
-    else:
-        for _ in range(5):
-            op()
-    g = torch.cuda.CUDAGraph() if graph else None
-    try:
-        if graph:
-            with torch.cuda.graph(g):
-                for _ in range(iters):
-                    op()
-        samples = []
-        for _ in range(repeat):
-            sync()
-            t0 = time.perf_counter()
-            if graph:
-                g.replay()
-            else:
-                for _ in range(iters):
-                    op()
-            sync()
-            samples.append((time.perf_counter() - t0) / iters)
-    finally:
-        if g is not None:
-            sync()
-            g.reset()  # before the group goes away: destroy_process_group hung with live graphs
-    worst = torch.tensor([statistics.median(samples)], dtype=torch.float64, device=device)
-    dist.all_reduce(worst, op=dist.ReduceOp.MAX)
-    return worst.item()
-
-
 def agree_max(values: list[float], device) -> list[float]:
     import torch
     import torch.distributed as dist
@@ -184,6 +137,8 @@ def agree_max(values: list[float], device) -> list[float]:
 
 
 def one_round(me, i: int, graph: bool, args) -> list[dict]:
+    import minimal_allreduce  # beside this script (torchrun puts its directory first on sys.path)
+
     out = []
     order = "AB" if i % 2 == 0 else "BA"
     for size in args.sizes:
@@ -191,7 +146,8 @@ def one_round(me, i: int, graph: bool, args) -> list[dict]:
             got = {}
             for who in order:
                 if who == "A":
-                    got["A"] = minimal(size, mode, graph, args.iters, args.repeat, me.dev.torch_device)
+                    got["A"] = minimal_allreduce.minimal(size, mode, graph, args.iters, args.repeat,
+                                                         me.dev.torch_device)
                 else:
                     got["B"] = me.row(size, "c10d", mode)
             b = got["B"]
