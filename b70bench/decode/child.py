@@ -63,6 +63,13 @@ def peak_memory() -> tuple[int | None, str]:
     return (total or None), "host RSS high-water mark, summed over the engine's processes"
 
 
+def cpu_jiffies() -> tuple[int, int]:
+    """(all, busy) clock ticks of all cores so far, from /proc/stat; busy is anything but idle and iowait."""
+    with open("/proc/stat") as f:
+        vals = [int(x) for x in f.readline().split()[1:9]]
+    return sum(vals), sum(vals) - vals[3] - vals[4]
+
+
 class Interference:
     """CPU time other processes took while we timed: system-wide busy time minus this run's processes'.
 
@@ -81,9 +88,7 @@ class Interference:
             self.pids = [os.getpid()]
 
     def _jiffies(self) -> tuple[int, int]:
-        with open("/proc/stat") as f:
-            vals = [int(x) for x in f.readline().split()[1:9]]
-        busy = sum(vals) - vals[3] - vals[4]  # all but idle and iowait
+        busy = cpu_jiffies()[1]
         mine = 0
         for pid in self.pids:
             try:

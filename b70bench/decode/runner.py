@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from b70bench.decode import logs
-from b70bench.decode.child import RESULT_PREFIX
+from b70bench.decode.child import RESULT_PREFIX, cpu_jiffies
 
 TERM_GRACE_S = 10.0
 
@@ -73,17 +73,12 @@ def kill_group(pgid: int, grace_s: float | None = None) -> list[int]:
 
 def cpu_busy_share(interval_s: float = 1.0) -> float | None:
     """Share of all cores busy (anything but idle and iowait) over interval_s, from /proc/stat."""
-    def sample():
-        with open("/proc/stat") as f:
-            vals = [int(x) for x in f.readline().split()[1:9]]
-        return sum(vals), vals[3] + vals[4]
-
     try:
-        (t0, i0), _ = sample(), time.sleep(interval_s)
-        t1, i1 = sample()
+        (t0, b0), _ = cpu_jiffies(), time.sleep(interval_s)
+        t1, b1 = cpu_jiffies()
     except (OSError, ValueError):
         return None
-    return 1 - (i1 - i0) / (t1 - t0) if t1 > t0 else None
+    return (b1 - b0) / (t1 - t0) if t1 > t0 else None
 
 
 def settle(max_wait_s: float = 30.0, busy_below: float = 0.1, interval_s: float = 1.0) -> tuple[float, float | None]:
