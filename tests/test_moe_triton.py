@@ -17,7 +17,7 @@ def test_triton_kernels_match_float64_in_interpreter():
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = json.loads(proc.stdout)
-    assert len(rows) == 17
+    assert len(rows) == 18
     for r in rows:
         assert r["ok"], r
         assert r["rel_err"] > 0  # a different summation order than float64: never bit-equal by chance
@@ -73,7 +73,8 @@ def test_sweep_records_a_failing_tiling_and_goes_on(monkeypatch):
 
 @pytest.mark.parametrize("label", ["m1n32k512s1w2st1sum-packed-paired", "m1n64k128s1w4st1fused-packed-paired-tiled-r96",
                                    "m16n128k128s1w4st3fused", "m2n32k64s2w4st2sum-tiled",
-                                   "m1n32k512s1w2st1sum-packed-paired-pf-pdl-early"])
+                                   "m1n32k512s1w2st1sum-packed-paired-pf-pdl-early",
+                                   "m1n32k512s1w4st1fused-packed-paired-pf-pdl-early2"])
 def test_tiling_labels_round_trip(label):
     from b70bench.moe import tune
 
@@ -105,6 +106,9 @@ def test_programmatic_dependent_launch_is_asked_for_only_where_it_exists(monkeyp
     assert cfg.prefetch and cfg.packed and not (cfg.pdl or cfg.early)
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     out = torch.empty((1, 64), dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="2 with -pf"):
+        kernels.prepare(kernels.Config(block_m=1, block_n=32, block_k=256, packed=True, early=2), w.qweight,
+                        w.scales, w.group, batch, out)
     with pytest.raises(ValueError, match="pdl/early: programmatic dependent launch is CUDA's"):
         kernels.prepare(kernels.Config(block_m=1, block_n=32, block_k=256, packed=True, pdl=True), w.qweight,
                         w.scales, w.group, batch, out)

@@ -264,7 +264,8 @@ def _moe_down_vec(x_ptr, qw_ptr, sc_ptr, pair_ptr, blk_expert_ptr, rw_ptr, part_
     [BLOCK_K/8, BLOCK_N] fp32 tile laid out like the loaded words (2D, so every op keeps the
     load's layout); the word rows are summed once, after the K loop."""
     if PDL and ASM:
-        # The sum kernel may launch now; it waits (gdc_wait) for this whole grid before reading.
+        # What follows may launch now (the sum kernel, or with FUSED_REDUCE whatever kernel comes
+        # next); it waits (gdc_wait) for this whole grid before reading what it wrote.
         tl.extra.cuda.gdc_launch_dependents()
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -306,13 +307,17 @@ def _moe_down_vec(x_ptr, qw_ptr, sc_ptr, pair_ptr, blk_expert_ptr, rw_ptr, part_
         # the activations and the partials are, so they wait. PREFETCH holds the next K-block's
         # words in registers while this one's products are computed.
         q, s = _block_weights(qw_base, sc_base, k_lo, k_end, rows, w_cols, n_ok, w_stride, GROUP)
-        if EARLY and ASM:
+        if EARLY == 1 and ASM:
             tl.extra.cuda.gdc_wait()
         for kk in range(0, k_per, BLOCK_K):
             k0 = k_lo + kk
             if PREFETCH:
                 q_next, s_next = _block_weights(qw_base, sc_base, k0 + BLOCK_K, k_end, rows, w_cols, n_ok,
                                                 w_stride, GROUP)
+                if EARLY == 2 and ASM and kk == 0:
+                    # Two K-blocks requested before the wait; the wait also keeps ptxas from
+                    # sinking the second block's loads below the first block's products.
+                    tl.extra.cuda.gdc_wait()
             acc0 += _block_products(q, s, x0, p0, k0, k_end, rows, P, PACKED, PAIRED, HALF, ASM)
             if BLOCK_M == 2:
                 acc1 += _block_products(q, s, x1, p1, k0, k_end, rows, P, PACKED, PAIRED, HALF, ASM)
@@ -453,14 +458,19 @@ class Config:
     paired: bool = False  # packed decode: nibbles reordered (pair_nibbles) so x pairs are single 32-bit loads
     prefetch: bool = False  # decode blocks: the next K-block's words loaded before this block's products
     # Decode blocks, CUDA sm_90+ (programmatic dependent launch; the interpreter runs the kernels without it):
-    pdl: bool = False  # the sum kernel launches under the main kernel's tail instead of after it
-    early: bool = False  # the main kernel launches under the previous kernel, streaming weights before it waits
+    # pdl: what follows the main kernel launches under its tail: the sum kernel (sum), or the next
+    # kernel, if that one is launched for it (fused).
+    pdl: bool = False
+    # early: the main kernel launches under the previous kernel and requests this many K-blocks of
+    # weights before it waits for it (2 needs prefetch); 0: it launches after the previous one.
+    early: int = 0
 
     def label(self) -> str:
         red = "fused" if self.fused_reduce else "sum"
         flags = ("-packed" if self.packed else "") + ("-paired" if self.paired else "")
         flags += ("-tiled" if self.tiled else "") + (f"-r{self.maxnreg}" if self.maxnreg else "")
         flags += ("-pf" if self.prefetch else "") + ("-pdl" if self.pdl else "") + ("-early" if self.early else "")
+        flags += str(self.early) if self.early > 1 else ""
         return (f"m{self.block_m}n{self.block_n}k{self.block_k}s{self.split_k}"
                 f"w{self.num_warps}st{self.num_stages}{red}{flags}")
 
@@ -625,8 +635,8 @@ def prepare(cfg: Config, qweight, scales, group: int, batch, out: torch.Tensor):
     if (cfg.tiled or cfg.packed or cfg.paired or cfg.prefetch or cfg.pdl or cfg.early) and kernel is not _moe_down_vec:
         raise ValueError(f"block_m {bm}: the packed, paired, tiled, pf, pdl and early options are for decode "
                          "blocks (1-2 pairs) only")
-    if cfg.pdl and cfg.fused_reduce:
-        raise ValueError("pdl overlaps the second-kernel sum: it needs 'sum', not 'fused'")
+    if cfg.early not in (0, 1, 2) or cfg.early == 2 and not cfg.prefetch:
+        raise ValueError(f"early {cfg.early}: 1 K-block before the wait, or 2 with -pf")
     interpreted = os.environ.get("TRITON_INTERPRET") == "1"  # the interpreter runs no inline PTX
     if (cfg.pdl or cfg.early) and not interpreted and pdl_reason(batch.x.device):
         raise ValueError(f"pdl/early: {pdl_reason(batch.x.device)}")
@@ -636,7 +646,7 @@ def prepare(cfg: Config, qweight, scales, group: int, batch, out: torch.Tensor):
     extra = {"maxnreg": cfg.maxnreg} if cfg.maxnreg and not interpreted else {}
     if kernel is _moe_down_vec:
         extra.update(STAGES=cfg.num_stages, PACKED=cfg.packed, HALF=x.dtype == torch.float16, TILED=cfg.tiled,
-                     PAIRED=cfg.paired, PREFETCH=cfg.prefetch, PDL=cfg.pdl, EARLY=cfg.early)
+                     PAIRED=cfg.paired, PREFETCH=cfg.prefetch, PDL=cfg.pdl, EARLY=int(cfg.early))
         if cfg.early and not interpreted:
             extra["launch_pdl"] = True
         if cfg.paired and not cfg.packed:
@@ -648,7 +658,7 @@ def prepare(cfg: Config, qweight, scales, group: int, batch, out: torch.Tensor):
         if cfg.packed and x.dtype not in (torch.float16, torch.bfloat16):
             raise ValueError(f"packed dequant needs fp16 or bf16 activations, not {x.dtype}")
 
-    sum_pdl = {"PDL": True, "launch_pdl": True} if cfg.pdl and not interpreted else {}
+    sum_pdl = {"PDL": True, "launch_pdl": True} if cfg.pdl and not cfg.fused_reduce and not interpreted else {}
 
     def run():
         kernel[grid](x, qweight, scales, pair_ids, block_expert, rw, part, out, cnt, p, n, k, n_tiles,

@@ -207,7 +207,8 @@ class TritonVariant:
                 bn, bk, warps = 64, 128, 2
             pdl = kernels.pdl_reason(batch.x.device) is None
             cfg = kernels.Config(block_m=1, block_n=bn, block_k=bk, num_warps=warps, num_stages=1,
-                                 fused_reduce=False, packed=packed, paired=packed, prefetch=True, pdl=pdl, early=pdl)
+                                 fused_reduce=False, packed=packed, paired=packed, prefetch=True, pdl=pdl,
+                                 early=int(pdl))
             return replace(cfg, **self.overrides)
         bn = 32
         n_blocks = sum(-(-c // bm) for c in torch.bincount(batch.ids_cpu.flatten()).tolist() if c)

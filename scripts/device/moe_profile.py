@@ -30,4 +30,6 @@ for _ in range(args.calls):
     run()
 if dev.type == "cuda":
     torch.cuda.synchronize()
-print("ok", args.config, float(out.float().abs().mean()))
+# ncu's dram__bytes_read next to this: bytes read beyond the roofline's are weights read twice.
+print("ok", args.config, float(out.float().abs().mean()), "roofline_bytes",
+      shapes.roofline_bytes(shape, k, batch, torch.bfloat16), "experts_hit", batch.experts_hit)
