@@ -427,10 +427,11 @@ def _moe_down_wide(x_ptr, qw_ptr, sc_ptr, pair_ptr, blk_expert_ptr, rw_ptr, part
 def _moe_sum(part_ptr, out_ptr, P, N, TOPK: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr,
              PDL: tl.constexpr = False):
     if PDL:
-        # Launched under the main kernel's tail (programmatic dependent launch): wait for all of
-        # it, then let whatever follows launch under this one.
-        tl.extra.cuda.gdc_wait()
+        # Launched under the main kernel (programmatic dependent launch). Whatever follows may
+        # launch at once: it waits for this grid, which waits for the main kernel, so in a graph
+        # of calls the next call's weights stream in while this call finishes.
         tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
     t = tl.program_id(0)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < N
