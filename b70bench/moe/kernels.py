@@ -292,10 +292,14 @@ def _moe_down_vec(x_ptr, qw_ptr, sc_ptr, pair_ptr, blk_expert_ptr, rw_ptr, part_
         w_stride = N
     p0 = tl.load(pair_ptr + pid_m * BLOCK_M)
     x0 = x_ptr + p0.to(tl.int64) * K
+    # Routing weights, like the routing, are made before the up/gate projection: read before the
+    # wait (EARLY), not as one more round trip after the products.
+    rw0 = tl.load(rw_ptr + p0, mask=p0 < P, other=0.0)
     acc0 = tl.zeros((BLOCK_K // PACK_C, BLOCK_N), dtype=tl.float32)
     if BLOCK_M == 2:
         p1 = tl.load(pair_ptr + pid_m * BLOCK_M + 1)
         x1 = x_ptr + p1.to(tl.int64) * K
+        rw1 = tl.load(rw_ptr + p1, mask=p1 < P, other=0.0)
         acc1 = tl.zeros((BLOCK_K // PACK_C, BLOCK_N), dtype=tl.float32)
     # A K-block deeper than the split (BLOCK_K > k_per, e.g. 512 for TP4's 384) is one masked
     # iteration: the whole split's loads are issued at once, which a loop of dependent K-blocks
@@ -334,10 +338,10 @@ def _moe_down_vec(x_ptr, qw_ptr, sc_ptr, pair_ptr, blk_expert_ptr, rw_ptr, part_
             if BLOCK_M == 2:
                 acc1 += _block_products(q, s, x1, p1, k0, k_end, rows, P, PACKED, PAIRED, HALF, ASM)
     part = part_ptr + pid_k * P * N + offs_n
-    res0 = tl.sum(acc0, axis=0) * tl.load(rw_ptr + p0, mask=p0 < P, other=0.0)
+    res0 = tl.sum(acc0, axis=0) * rw0
     tl.store(part + p0.to(tl.int64) * N, res0, mask=n_ok & ((offs_n * 0 + p0) < P))
     if BLOCK_M == 2:
-        res1 = tl.sum(acc1, axis=0) * tl.load(rw_ptr + p1, mask=p1 < P, other=0.0)
+        res1 = tl.sum(acc1, axis=0) * rw1
         tl.store(part + p1.to(tl.int64) * N, res1, mask=n_ok & ((offs_n * 0 + p1) < P))
     if FUSED_REDUCE:
         pairs = tl.load(pair_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
