@@ -259,7 +259,8 @@ def _moe_down_vec(x_ptr, qw_ptr, sc_ptr, pair_ptr, blk_expert_ptr, rw_ptr, part_
                   TOPK: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                   BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, FUSED_REDUCE: tl.constexpr, ASM: tl.constexpr,
                   STAGES: tl.constexpr, PACKED: tl.constexpr, HALF: tl.constexpr, TILED: tl.constexpr,
-                  PAIRED: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr, EARLY: tl.constexpr):
+                  PAIRED: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr, EARLY: tl.constexpr,
+                  ONE_BLOCK: tl.constexpr = False):
     """Decode: 1 or 2 pairs per block. Each pair accumulates scaled products in a
     [BLOCK_K/8, BLOCK_N] fp32 tile laid out like the loaded words (2D, so every op keeps the
     load's layout); the word rows are summed once, after the K loop."""
@@ -295,16 +296,25 @@ def _moe_down_vec(x_ptr, qw_ptr, sc_ptr, pair_ptr, blk_expert_ptr, rw_ptr, part_
     # Routing weights, like the routing, are made before the up/gate projection: read before the
     # wait (EARLY), not as one more round trip after the products.
     rw0 = tl.load(rw_ptr + p0, mask=p0 < P, other=0.0)
-    acc0 = tl.zeros((BLOCK_K // PACK_C, BLOCK_N), dtype=tl.float32)
     if BLOCK_M == 2:
         p1 = tl.load(pair_ptr + pid_m * BLOCK_M + 1)
         x1 = x_ptr + p1.to(tl.int64) * K
         rw1 = tl.load(rw_ptr + p1, mask=p1 < P, other=0.0)
-        acc1 = tl.zeros((BLOCK_K // PACK_C, BLOCK_N), dtype=tl.float32)
+    acc0 = tl.zeros((BLOCK_K // PACK_C, BLOCK_N), dtype=tl.float32)
+    acc1 = tl.zeros((BLOCK_K // PACK_C, BLOCK_N), dtype=tl.float32)
     # A K-block deeper than the split (BLOCK_K > k_per, e.g. 512 for TP4's 384) is one masked
     # iteration: the whole split's loads are issued at once, which a loop of dependent K-blocks
     # cannot do (decode rows are bound by the bytes each SM has in flight; results/moe-down-h200.md).
-    if EARLY or PREFETCH:
+    if ONE_BLOCK:
+        # The split is one K-block: its products are summed over the word rows as they are made,
+        # with no fp32 accumulator tile (as many registers as the words) held across a loop.
+        q, s = _block_weights(qw_base, sc_base, k_lo, k_end, rows, w_cols, n_ok, w_stride, GROUP)
+        if EARLY and ASM:
+            tl.extra.cuda.gdc_wait()
+        acc0 = _block_products(q, s, x0, p0, k_lo, k_end, rows, P, PACKED, PAIRED, HALF, ASM)
+        if BLOCK_M == 2:
+            acc1 = _block_products(q, s, x1, p1, k_lo, k_end, rows, P, PACKED, PAIRED, HALF, ASM)
+    elif EARLY or PREFETCH:
         # The first K-block is loaded before the loop so that, launched early (programmatic
         # dependent launch), its weights stream in while the previous kernel finishes: weights and
         # the routing (made before the up/gate projection) are not the previous kernel's output;
@@ -651,7 +661,8 @@ def prepare(cfg: Config, qweight, scales, group: int, batch, out: torch.Tensor):
     extra = {"maxnreg": cfg.maxnreg} if cfg.maxnreg and not interpreted else {}
     if kernel is _moe_down_vec:
         extra.update(STAGES=cfg.num_stages, PACKED=cfg.packed, HALF=x.dtype == torch.float16, TILED=cfg.tiled,
-                     PAIRED=cfg.paired, PREFETCH=cfg.prefetch, PDL=cfg.pdl, EARLY=int(cfg.early))
+                     PAIRED=cfg.paired, PREFETCH=cfg.prefetch, PDL=cfg.pdl, EARLY=int(cfg.early),
+                     ONE_BLOCK=cfg.block_k >= k // cfg.split_k)
         if cfg.early and not interpreted:
             extra["launch_pdl"] = True
         if cfg.paired and not cfg.packed:
