@@ -43,9 +43,9 @@ cases = [
     # options the interpreter skips, here only to show the rest of the path is unchanged
     ("bf16", 3, C(block_m=2, block_n=32, block_k=64, packed=True, paired=True, prefetch=True, pdl=True, early=True)),
     ("fp16", 1, C(block_m=1, block_n=64, block_k=64, prefetch=True)),
-    # the in-kernel sum with pdl, and two K-blocks requested before the (skipped) wait
+    # the in-kernel sum with pdl (the main kernel lets the next kernel launch under it)
     ("bf16", 3, C(block_m=1, block_n=32, block_k=64, fused_reduce=True, packed=True, paired=True, prefetch=True,
-                  pdl=True, early=2)),
+                  pdl=True, early=True)),
 ]
 out = []
 for i, (dt, tokens, cfg) in enumerate(cases):

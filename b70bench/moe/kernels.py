@@ -259,14 +259,13 @@ def _moe_down_vec(x_ptr, qw_ptr, sc_ptr, pair_ptr, blk_expert_ptr, rw_ptr, part_
                   TOPK: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                   BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, FUSED_REDUCE: tl.constexpr, ASM: tl.constexpr,
                   STAGES: tl.constexpr, PACKED: tl.constexpr, HALF: tl.constexpr, TILED: tl.constexpr,
-                  PAIRED: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr, EARLY: tl.constexpr,
-                  ONE_BLOCK: tl.constexpr = False):
+                  PAIRED: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr, EARLY: tl.constexpr):
     """Decode: 1 or 2 pairs per block. Each pair accumulates scaled products in a
     [BLOCK_K/8, BLOCK_N] fp32 tile laid out like the loaded words (2D, so every op keeps the
     load's layout); the word rows are summed once, after the K loop."""
     if PDL and ASM:
-        # What follows may launch now (the sum kernel, or with FUSED_REDUCE whatever kernel comes
-        # next); it waits (gdc_wait) for this whole grid before reading what it wrote.
+        # What follows may launch now (the sum kernel; with FUSED_REDUCE the next kernel, if it is
+        # launched for it); it waits (gdc_wait) for this whole grid before reading what it wrote.
         tl.extra.cuda.gdc_launch_dependents()
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -293,45 +292,28 @@ def _moe_down_vec(x_ptr, qw_ptr, sc_ptr, pair_ptr, blk_expert_ptr, rw_ptr, part_
         w_stride = N
     p0 = tl.load(pair_ptr + pid_m * BLOCK_M)
     x0 = x_ptr + p0.to(tl.int64) * K
-    # Routing weights, like the routing, are made before the up/gate projection: read before the
-    # wait (EARLY), not as one more round trip after the products.
-    rw0 = tl.load(rw_ptr + p0, mask=p0 < P, other=0.0)
+    acc0 = tl.zeros((BLOCK_K // PACK_C, BLOCK_N), dtype=tl.float32)
     if BLOCK_M == 2:
         p1 = tl.load(pair_ptr + pid_m * BLOCK_M + 1)
         x1 = x_ptr + p1.to(tl.int64) * K
-        rw1 = tl.load(rw_ptr + p1, mask=p1 < P, other=0.0)
-    acc0 = tl.zeros((BLOCK_K // PACK_C, BLOCK_N), dtype=tl.float32)
-    acc1 = tl.zeros((BLOCK_K // PACK_C, BLOCK_N), dtype=tl.float32)
+        acc1 = tl.zeros((BLOCK_K // PACK_C, BLOCK_N), dtype=tl.float32)
     # A K-block deeper than the split (BLOCK_K > k_per, e.g. 512 for TP4's 384) is one masked
     # iteration: the whole split's loads are issued at once, which a loop of dependent K-blocks
     # cannot do (decode rows are bound by the bytes each SM has in flight; results/moe-down-h200.md).
-    if ONE_BLOCK:
-        # The split is one K-block: its products are summed over the word rows as they are made,
-        # with no fp32 accumulator tile (as many registers as the words) held across a loop.
-        q, s = _block_weights(qw_base, sc_base, k_lo, k_end, rows, w_cols, n_ok, w_stride, GROUP)
-        if EARLY and ASM:
-            tl.extra.cuda.gdc_wait()
-        acc0 = _block_products(q, s, x0, p0, k_lo, k_end, rows, P, PACKED, PAIRED, HALF, ASM)
-        if BLOCK_M == 2:
-            acc1 = _block_products(q, s, x1, p1, k_lo, k_end, rows, P, PACKED, PAIRED, HALF, ASM)
-    elif EARLY or PREFETCH:
+    if EARLY or PREFETCH:
         # The first K-block is loaded before the loop so that, launched early (programmatic
         # dependent launch), its weights stream in while the previous kernel finishes: weights and
         # the routing (made before the up/gate projection) are not the previous kernel's output;
         # the activations and the partials are, so they wait. PREFETCH holds the next K-block's
         # words in registers while this one's products are computed.
         q, s = _block_weights(qw_base, sc_base, k_lo, k_end, rows, w_cols, n_ok, w_stride, GROUP)
-        if EARLY == 1 and ASM:
+        if EARLY and ASM:
             tl.extra.cuda.gdc_wait()
         for kk in range(0, k_per, BLOCK_K):
             k0 = k_lo + kk
             if PREFETCH:
                 q_next, s_next = _block_weights(qw_base, sc_base, k0 + BLOCK_K, k_end, rows, w_cols, n_ok,
                                                 w_stride, GROUP)
-                if EARLY == 2 and ASM and kk == 0:
-                    # Two K-blocks requested before the wait; the wait also keeps ptxas from
-                    # sinking the second block's loads below the first block's products.
-                    tl.extra.cuda.gdc_wait()
             acc0 += _block_products(q, s, x0, p0, k0, k_end, rows, P, PACKED, PAIRED, HALF, ASM)
             if BLOCK_M == 2:
                 acc1 += _block_products(q, s, x1, p1, k0, k_end, rows, P, PACKED, PAIRED, HALF, ASM)
@@ -348,10 +330,10 @@ def _moe_down_vec(x_ptr, qw_ptr, sc_ptr, pair_ptr, blk_expert_ptr, rw_ptr, part_
             if BLOCK_M == 2:
                 acc1 += _block_products(q, s, x1, p1, k0, k_end, rows, P, PACKED, PAIRED, HALF, ASM)
     part = part_ptr + pid_k * P * N + offs_n
-    res0 = tl.sum(acc0, axis=0) * rw0
+    res0 = tl.sum(acc0, axis=0) * tl.load(rw_ptr + p0, mask=p0 < P, other=0.0)
     tl.store(part + p0.to(tl.int64) * N, res0, mask=n_ok & ((offs_n * 0 + p0) < P))
     if BLOCK_M == 2:
-        res1 = tl.sum(acc1, axis=0) * rw1
+        res1 = tl.sum(acc1, axis=0) * tl.load(rw_ptr + p1, mask=p1 < P, other=0.0)
         tl.store(part + p1.to(tl.int64) * N, res1, mask=n_ok & ((offs_n * 0 + p1) < P))
     if FUSED_REDUCE:
         pairs = tl.load(pair_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
@@ -443,7 +425,8 @@ def _moe_sum(part_ptr, out_ptr, P, N, TOPK: tl.constexpr, SPLIT_K: tl.constexpr,
     if PDL:
         # Launched under the main kernel (programmatic dependent launch). Whatever follows may
         # launch at once: it waits for this grid, which waits for the main kernel, so in a graph
-        # of calls the next call's weights stream in while this call finishes.
+        # of calls the next call's weights stream in while this one sums (H200 run 25: TP4
+        # tokens 1 4.96 -> 4.54 us against waiting first).
         tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
     t = tl.program_id(0)
@@ -473,19 +456,16 @@ class Config:
     paired: bool = False  # packed decode: nibbles reordered (pair_nibbles) so x pairs are single 32-bit loads
     prefetch: bool = False  # decode blocks: the next K-block's words loaded before this block's products
     # Decode blocks, CUDA sm_90+ (programmatic dependent launch; the interpreter runs the kernels without it):
-    # pdl: what follows the main kernel launches under its tail: the sum kernel (sum), or the next
-    # kernel, if that one is launched for it (fused).
+    # pdl: what follows the main kernel launches under it: the sum kernel (sum), or the next kernel
+    # if that one is launched for it (fused)
     pdl: bool = False
-    # early: the main kernel launches under the previous kernel and requests this many K-blocks of
-    # weights before it waits for it (2 needs prefetch); 0: it launches after the previous one.
-    early: int = 0
+    early: bool = False  # the main kernel launches under the previous kernel, streaming weights before it waits
 
     def label(self) -> str:
         red = "fused" if self.fused_reduce else "sum"
         flags = ("-packed" if self.packed else "") + ("-paired" if self.paired else "")
         flags += ("-tiled" if self.tiled else "") + (f"-r{self.maxnreg}" if self.maxnreg else "")
         flags += ("-pf" if self.prefetch else "") + ("-pdl" if self.pdl else "") + ("-early" if self.early else "")
-        flags += str(self.early) if self.early > 1 else ""
         return (f"m{self.block_m}n{self.block_n}k{self.block_k}s{self.split_k}"
                 f"w{self.num_warps}st{self.num_stages}{red}{flags}")
 
@@ -650,8 +630,6 @@ def prepare(cfg: Config, qweight, scales, group: int, batch, out: torch.Tensor):
     if (cfg.tiled or cfg.packed or cfg.paired or cfg.prefetch or cfg.pdl or cfg.early) and kernel is not _moe_down_vec:
         raise ValueError(f"block_m {bm}: the packed, paired, tiled, pf, pdl and early options are for decode "
                          "blocks (1-2 pairs) only")
-    if cfg.early not in (0, 1, 2) or cfg.early == 2 and not cfg.prefetch:
-        raise ValueError(f"early {cfg.early}: 1 K-block before the wait, or 2 with -pf")
     interpreted = os.environ.get("TRITON_INTERPRET") == "1"  # the interpreter runs no inline PTX
     if (cfg.pdl or cfg.early) and not interpreted and pdl_reason(batch.x.device):
         raise ValueError(f"pdl/early: {pdl_reason(batch.x.device)}")
@@ -661,8 +639,7 @@ def prepare(cfg: Config, qweight, scales, group: int, batch, out: torch.Tensor):
     extra = {"maxnreg": cfg.maxnreg} if cfg.maxnreg and not interpreted else {}
     if kernel is _moe_down_vec:
         extra.update(STAGES=cfg.num_stages, PACKED=cfg.packed, HALF=x.dtype == torch.float16, TILED=cfg.tiled,
-                     PAIRED=cfg.paired, PREFETCH=cfg.prefetch, PDL=cfg.pdl, EARLY=int(cfg.early),
-                     ONE_BLOCK=cfg.block_k >= k // cfg.split_k)
+                     PAIRED=cfg.paired, PREFETCH=cfg.prefetch, PDL=cfg.pdl, EARLY=cfg.early)
         if cfg.early and not interpreted:
             extra["launch_pdl"] = True
         if cfg.paired and not cfg.packed:

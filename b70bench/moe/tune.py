@@ -35,10 +35,10 @@ def configs(k: int, group: int, auto_bm: int, n: int = 3072, blocks: dict | None
     seeds = []
     if auto_bm < DOT_MIN_M:
         deep = min(512, 1 << max(7, (k - 1).bit_length()))
-        for bn, bk, warps in ((32, deep, 4), (64, 128, 2), (32, 256, 2), (32, deep, 2), (64, 128, 4)):
+        for bn, bk, warps in ((32, deep, 4), (16, deep, 2), (64, 128, 2), (32, 256, 2), (32, deep, 2), (64, 128, 4)):
             for pf in (True, False):
                 seeds.append(Config(block_m=1, block_n=bn, block_k=bk, num_warps=warps, num_stages=1,
-                                    packed=True, paired=True, prefetch=pf, pdl=pdl, early=int(pdl)))
+                                    packed=True, paired=True, prefetch=pf, pdl=pdl, early=pdl))
     cands = []
     for bm, bn, warps, split, fused, packed, stages in itertools.product(
             bms, (128, 64, 256), (4, 8), (1, 2, 3, 4, 6, 8), (True, False), (True, False), (3, 1, 4)):
@@ -145,7 +145,7 @@ def load_tuned(path) -> dict:
 
 
 LABEL = re.compile(r"m(\d+)n(\d+)k(\d+)s(\d+)w(\d+)st(\d+)(sum|fused)(-packed)?(-paired)?(-tiled)?(?:-r(\d+))?"
-                   r"(-pf)?(-pdl)?(-early(\d)?)?$")
+                   r"(-pf)?(-pdl)?(-early)?$")
 
 
 def parse_label(label: str):
@@ -158,8 +158,7 @@ def parse_label(label: str):
     bm, bn, bk, split, warps, stages = map(int, m.groups()[:6])
     return Config(bm, bn, bk, split, warps, stages, fused_reduce=m.group(7) == "fused", packed=m.group(8) is not None,
                   paired=m.group(9) is not None, tiled=m.group(10) is not None, maxnreg=int(m.group(11) or 0),
-                  prefetch=m.group(12) is not None, pdl=m.group(13) is not None,
-                  early=int(m.group(15) or 1) if m.group(14) else 0)
+                  prefetch=m.group(12) is not None, pdl=m.group(13) is not None, early=m.group(14) is not None)
 
 
 def parse_tiling(label: str):
@@ -171,7 +170,7 @@ def parse_tiling(label: str):
     except ValueError:
         raise UsageError(f"--tilings: {label!r} is not a tiling label; write it as the sweep prints it, "
                          "e.g. m1n32k512s1w4st1sum-packed-paired-pf-pdl-early, flags in the order "
-                         "-packed -paired -tiled -rN -pf -pdl -early[2]") from None
+                         "-packed -paired -tiled -rN -pf -pdl -early") from None
 
 
 def shape_k(row: dict) -> int:
