@@ -159,8 +159,8 @@ class TritonVariant:
     `triton`: one program per (expert block, N-tile of 128; 64 for dot blocks), whole K, a
     second kernel sums the top-k partials. `triton-htile`: finer tiles along N. Decode (1-2 pairs
     per expert): one pair per block; one token 32-wide N-tiles of 4 warps, K-blocks of up to 512
-    (16-wide, 2 warps, no prefetch where K needs several); several tokens 64-wide tiles of 2 warps,
-    128 deep; the next K-block prefetched, packed 16x2
+    (16-wide, 2 warps, no prefetch where K needs several; the same 32x512 tiles for 2-4 tokens there);
+    more tokens 64-wide tiles of 2 warps, 128 deep; the next K-block prefetched, packed 16x2
     dequant on paired nibbles, second-kernel sum, and on CUDA sm_90+ programmatic dependent launch
     (pdl, early); dot blocks: 32-wide N-tiles, split-K until the grid fills the
     device several times over, the top-k/split sum done in-kernel by the last arrival.
@@ -201,13 +201,14 @@ class TritonVariant:
             # main kernel (pdl) and the main kernel under the previous kernel (early). Run 17: TP1
             # tokens 1/4/16 9.06/26.15/83.95 us, TP4 5.03/9.12/25.85 us (10.88/28.24/90.22 and
             # 5.95/11.92/32.48 before).
-            # Session 4 (runs 25-28): one token over several 512-deep K-blocks (TP1) takes 16-wide
-            # tiles of 2 warps without the prefetch (8.57-8.80 vs 8.91-9.42 us for 32x512x4 with it).
+            # Session 4 (runs 25-29), where K spans several 512-deep blocks (TP1): one token takes
+            # 16-wide tiles of 2 warps without the prefetch (8.57-8.80 vs 8.91-9.42 us for 32x512x4),
+            # 2-4 tokens the 32x512x4 tiles (25.1-26.6 vs 26.0-29.0 us for 64x128x2).
             packed = batch.x.dtype in (torch.float16, torch.bfloat16)
             prefetch = True
             if batch.tokens == 1 and k > 512:
                 bn, bk, warps, prefetch = 16, 512, 2, False
-            elif batch.tokens == 1:
+            elif batch.tokens == 1 or batch.tokens <= 4 and k > 512:
                 bn, bk, warps = 32, min(512, 1 << max(7, (k - 1).bit_length())), 4
             else:
                 bn, bk, warps = 64, 128, 2
