@@ -17,8 +17,9 @@ Decode options (Config): `packed` (16x2 dequant and products per word, _word_dot
 (nibbles reordered once per weight set so each activation pair is one 32-bit load), `tiled`
 (weights N-tile-major), `maxnreg`, K-blocks deeper than the split (masked), `prefetch` (the next
 K-block's words in registers), and on Hopper+ programmatic dependent launch: `pdl` (the sum
-kernel launched under the main kernel) and `early` (the main kernel launched under the previous
-one, its weights streamed before it waits). What each bought on the H200: results/moe-down-h200.md.
+kernel launched under the main kernel, letting what follows launch before it waits) and `early`
+(the main kernel launched under the previous one, its weights streamed before it waits). What
+each bought on the H200: results/moe-down-h200.md.
 Blocks of 16 pairs take one tensor-core dot per nibble plane. Blocks of 32+ pairs (prefill)
 do interleave: one dot over the whole K-block, which at that size is cheaper than the eight
 K=16 plane dots it replaces (each goes through shared memory; 2-2.4x slower at 512 tokens).

@@ -208,7 +208,7 @@ class TritonVariant:
             prefetch = True
             if batch.tokens == 1 and k > 512:
                 bn, bk, warps, prefetch = 16, 512, 2, False
-            elif batch.tokens == 1 or batch.tokens <= 4 and k > 512:
+            elif batch.tokens == 1 or (batch.tokens <= 4 and k > 512):
                 bn, bk, warps = 32, min(512, 1 << max(7, (k - 1).bit_length())), 4
             else:
                 bn, bk, warps = 64, 128, 2
