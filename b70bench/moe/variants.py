@@ -192,18 +192,16 @@ class TritonVariant:
             cfg = kernels.Config(block_m=bm, block_n=bn, block_k=kernels.fit_block_k(k, 1, group, bm, bn) or 8)
             return replace(cfg, **self.overrides)
         if not dot:
-            # Decode: bound by the bytes each SM has in flight (ncu: 0.5 waves, 30% of DRAM peak with
-            # 64-wide tiles looping over K) and by the launch and top-k sum around the kernel. H200
-            # sweeps (results/moe-down-h200.md): one token takes 32-wide tiles of 4 warps and up to 512
-            # of K per load; several tokens 64-wide tiles of 2 warps looping over 128-deep blocks; both
-            # with the next block's words held in registers (pf), the packed dequant on paired nibbles,
-            # and, on Hopper+, programmatic dependent launch: the second-kernel sum launched under the
-            # main kernel (pdl) and the main kernel under the previous kernel (early). Run 17: TP1
-            # tokens 1/4/16 9.06/26.15/83.95 us, TP4 5.03/9.12/25.85 us (10.88/28.24/90.22 and
-            # 5.95/11.92/32.48 before).
-            # Session 4 (runs 25-29), where K spans several 512-deep blocks (TP1): one token takes
-            # 16-wide tiles of 2 warps without the prefetch (8.57-8.80 vs 8.91-9.42 us for 32x512x4),
-            # 2-4 tokens the 32x512x4 tiles (25.1-26.6 vs 26.0-29.0 us for 64x128x2).
+            # Decode: bound by the bytes each SM has in flight (ncu: < 1 wave, 12-37% of DRAM throughput)
+            # and by the launch and top-k sum around the kernel. H200 sweeps (results/moe-down-h200.md,
+            # runs 6-31): one token takes K-blocks of up to 512 per load, 32-wide tiles of 4 warps, or
+            # where K needs several such blocks (TP1) 16-wide tiles of 2 warps without the prefetch;
+            # 2-4 tokens over several blocks the same 32x512x4 tiles; more tokens (or a short K) 64-wide
+            # tiles of 2 warps looping over 128-deep blocks. All but the 16-wide tiles hold the next
+            # block's words in registers (pf); all use the packed dequant on paired nibbles and, on
+            # Hopper+, programmatic dependent launch (pdl: the sum kernel under the main kernel; early:
+            # the main kernel under the previous one). Run 30: TP1 tokens 1/4/16 8.50/25.66/84.27 us,
+            # TP4 4.32/9.11/29.55 us.
             packed = batch.x.dtype in (torch.float16, torch.bfloat16)
             prefetch = True
             if batch.tokens == 1 and k > 512:
