@@ -46,6 +46,10 @@ cases = [
     # the in-kernel sum with pdl (the main kernel lets the next kernel launch under it)
     ("bf16", 3, C(block_m=1, block_n=32, block_k=64, fused_reduce=True, packed=True, paired=True, prefetch=True,
                   pdl=True, early=True)),
+    # the cluster reduction: pairs in token order, one per block (the interpreter, which runs no PTX, stores
+    # partials for the sum kernel where the GPU sums through distributed shared memory)
+    ("bf16", 3, C(block_m=1, block_n=32, block_k=512, packed=True, paired=True, prefetch=True, pdl=True,
+                  early=True, cluster=True)),
 ]
 out = []
 for i, (dt, tokens, cfg) in enumerate(cases):
