@@ -50,6 +50,9 @@ cases = [
     # partials for the sum kernel where the GPU sums through distributed shared memory)
     ("bf16", 3, C(block_m=1, block_n=32, block_k=512, packed=True, paired=True, prefetch=True, pdl=True,
                   early=True, cluster=True)),
+    # the weights as the dot's left operand (fp16: see above), one dequantization per expert block, 1-16 pairs
+    ("fp16", 3, C(block_m=8, block_n=32, block_k=128, prefetch=True, pdl=True, early=True, swap=True)),
+    ("fp16", 9, C(block_m=16, block_n=16, block_k=64, split_k=2, fused_reduce=True, swap=True)),
 ]
 out = []
 for i, (dt, tokens, cfg) in enumerate(cases):

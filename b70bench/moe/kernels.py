@@ -482,6 +482,94 @@ def _moe_down_wide(x_ptr, qw_ptr, sc_ptr, pair_ptr, blk_expert_ptr, rw_ptr, part
                  TOPK, SPLIT_K, BLOCK_M, BLOCK_N, FUSED_REDUCE)
 
 
+# Eight nibbles of a word, minus 8, as four 16x2 registers in the order SWAP_NIBBLE names (LOP3 with
+# the 16-bit type's magic exponent, one HFMA2 per register): 11 instructions per word, no layout
+# shuffles, because the registers are what the shared-memory store of the dot operand takes.
+_DEQUANT8_BF16 = tl.constexpr("""{ .reg .b32 one, off, t; mov.b32 one, 0x3F803F80; mov.b32 off, 0xC308C308;
+lop3.b32 $0, $4, 0x000F000F, 0x43004300, 0xEA; fma.rn.bf16x2 $0, $0, one, off;
+shr.u32 t, $4, 4; lop3.b32 $1, t, 0x000F000F, 0x43004300, 0xEA; fma.rn.bf16x2 $1, $1, one, off;
+shr.u32 t, $4, 8; lop3.b32 $2, t, 0x000F000F, 0x43004300, 0xEA; fma.rn.bf16x2 $2, $2, one, off;
+shr.u32 t, $4, 12; lop3.b32 $3, t, 0x000F000F, 0x43004300, 0xEA; fma.rn.bf16x2 $3, $3, one, off; }""")
+_DEQUANT8_FP16 = tl.constexpr("""{ .reg .b32 one, off, t; mov.b32 one, 0x3C003C00; mov.b32 off, 0xE408E408;
+lop3.b32 $0, $4, 0x000F000F, 0x64006400, 0xEA; fma.rn.f16x2 $0, $0, one, off;
+shr.u32 t, $4, 4; lop3.b32 $1, t, 0x000F000F, 0x64006400, 0xEA; fma.rn.f16x2 $1, $1, one, off;
+shr.u32 t, $4, 8; lop3.b32 $2, t, 0x000F000F, 0x64006400, 0xEA; fma.rn.f16x2 $2, $2, one, off;
+shr.u32 t, $4, 12; lop3.b32 $3, t, 0x000F000F, 0x64006400, 0xEA; fma.rn.f16x2 $3, $3, one, off; }""")
+
+
+@triton.jit
+def _swap_nibble(e):
+    """Which nibble of a word slot e (0-7) of _dequant8 holds: register e//2, half e%2."""
+    return e // 2 + 4 * (e % 2)
+
+
+@triton.jit
+def _dequant8(q, HALF: tl.constexpr, ASM: tl.constexpr):
+    """[R, C] words -> [R, C, 8] (nibble - 8) in fp16 (HALF) or bf16, slot e holding nibble _swap_nibble(e)."""
+    if ASM:
+        # join() puts its new axis in the same thread's registers, so eight copies of a word are
+        # one pack of eight for the asm (a broadcast axis would put other words between them).
+        q2 = tl.join(q, q)
+        q4 = tl.join(q2, q2)
+        q8 = tl.join(q4, q4)
+        if HALF:
+            w = tl.inline_asm_elementwise(_DEQUANT8_FP16, "=r,=r,=r,=r,r,r,r,r,r,r,r,r", [q8], dtype=tl.float16,
+                                          is_pure=True, pack=8)
+        else:
+            w = tl.inline_asm_elementwise(_DEQUANT8_BF16, "=r,=r,=r,=r,r,r,r,r,r,r,r,r", [q8], dtype=tl.bfloat16,
+                                          is_pure=True, pack=8)
+        return tl.reshape(w, (q.shape[0], q.shape[1], 8))
+    # Through fp32: Triton's interpreter bit-casts int32 -> bf16 instead of converting.
+    shifts = 4 * _swap_nibble(tl.arange(0, 8))
+    w = (((q[:, :, None] >> shifts[None, None, :]) & 15) - 8).to(tl.float32)
+    return w.to(tl.float16) if HALF else w.to(tl.bfloat16)
+
+
+@triton.jit
+def _moe_down_swap(x_ptr, qw_ptr, sc_ptr, pair_ptr, blk_expert_ptr, rw_ptr, part_ptr, out_ptr, cnt_ptr,
+                   P, N, K, n_tiles,
+                   TOPK: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                   BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, FUSED_REDUCE: tl.constexpr, ASM: tl.constexpr,
+                   HALF: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr, EARLY: tl.constexpr):
+    """Weights as the dot's left operand (out^T = W^T x^T, "swap AB"): the N-tile fills the
+    tensor core's M side, the block's pairs (padded by Triton) its N side, so a K-block costs one
+    dequantization however many pairs share the expert, and products and sums go to the tensor
+    cores. Paired words (pair_nibbles); BLOCK_K within one scale group."""
+    if PDL and ASM:
+        tl.extra.cuda.gdc_launch_dependents()
+    pid_n = tl.program_id(1)
+    pid_k = tl.program_id(2)
+    pairs, m_ok, offs_n, n_ok, k_lo, k_per, qw_base, sc_base, x_rows = _dot_block(
+        x_ptr, qw_ptr, sc_ptr, pair_ptr, blk_expert_ptr, P, N, K, GROUP, BLOCK_M, BLOCK_N, SPLIT_K)
+    rows = tl.arange(0, BLOCK_K // PACK_C)
+    # On paired words (pair_nibbles) slot e of _dequant8 is nibble e//2 + 4(e%2), which holds k = 8r + e:
+    # the weight tile comes out in K order, so x^T is read as it lies, K-contiguous per pair.
+    k_x = tl.arange(0, BLOCK_K)
+    x_cols = x_ptr + pairs.to(tl.int64)[None, :] * K
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    # Weights and routing are not the previous kernel's output: with EARLY the first K-block's words
+    # stream in before the wait (as in _moe_down_vec); PREFETCH holds the next block's words.
+    q = _load_words(qw_base, k_lo, rows, offs_n, n_ok[None, :], N)
+    if EARLY and ASM:
+        tl.extra.cuda.gdc_wait()
+    for kk0 in range(0, k_per, BLOCK_K):
+        k0 = k_lo + kk0
+        if PREFETCH:
+            nxt = (k0 + BLOCK_K + rows * PACK_C < k_lo + k_per)[:, None] & n_ok[None, :]
+            q_next = _load_words(qw_base, k0 + BLOCK_K, rows, offs_n, nxt, N)
+        xt = tl.load(x_cols + (k0 + k_x)[:, None], mask=m_ok[None, :], other=0.0)
+        w = tl.reshape(tl.permute(_dequant8(q, HALF, ASM), (1, 0, 2)), (BLOCK_N, BLOCK_K))
+        s = tl.load(sc_base + (k0 // GROUP) * N + offs_n, mask=n_ok, other=0.0).to(tl.float32)
+        acc += tl.dot(w, xt) * s[:, None]
+        if PREFETCH:
+            q = q_next
+        else:
+            nxt = (k0 + BLOCK_K + rows * PACK_C < k_lo + k_per)[:, None] & n_ok[None, :]
+            q = _load_words(qw_base, k0 + BLOCK_K, rows, offs_n, nxt, N)
+    _finish_rows(tl.trans(acc), pairs, m_ok, offs_n, n_ok, pid_n, pid_k, rw_ptr, part_ptr, out_ptr, cnt_ptr, P, N,
+                 n_tiles, TOPK, SPLIT_K, BLOCK_M, BLOCK_N, FUSED_REDUCE)
+
+
 @triton.jit
 def _moe_sum(part_ptr, out_ptr, P, N, TOPK: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr,
              PDL: tl.constexpr = False):
@@ -526,11 +614,15 @@ class Config:
     # Decode, one pair per block, CUDA sm_90+: the token's top-k programs form a thread-block cluster and sum
     # through distributed shared memory (no partials, no second kernel); label "cluster" in place of "sum"
     cluster: bool = False
+    # Any block_m: the weights as the tensor-core dot's left operand (_moe_down_swap); packed 16x2 dequant
+    # on CUDA, BLOCK_K within one scale group; with pf, pdl, early as for decode blocks
+    swap: bool = False
 
     def label(self) -> str:
         red = "fused" if self.fused_reduce else "cluster" if self.cluster else "sum"
         flags = ("-packed" if self.packed else "") + ("-paired" if self.paired else "")
         flags += ("-tiled" if self.tiled else "") + (f"-r{self.maxnreg}" if self.maxnreg else "")
+        flags += ("-swap" if self.swap else "")
         flags += ("-pf" if self.prefetch else "") + ("-pdl" if self.pdl else "") + ("-early" if self.early else "")
         return (f"m{self.block_m}n{self.block_n}k{self.block_k}s{self.split_k}"
                 f"w{self.num_warps}st{self.num_stages}{red}{flags}")
@@ -727,14 +819,26 @@ def prepare(cfg: Config, qweight, scales, group: int, batch, out: torch.Tensor):
     n_tiles = triton.cdiv(n, cfg.block_n)
     cnt = torch.zeros((t, n_tiles), dtype=torch.int32, device=dev)
     grid = (block_expert.numel(), n_tiles, cfg.split_k)
-    if uses_dot(bm, cfg.block_k, group):
+    if cfg.swap:
+        kernel = _moe_down_swap
+        if cfg.block_k > group or group % cfg.block_k or cfg.block_k < 16 or cfg.block_n < 16 \
+                or (k // cfg.split_k) % cfg.block_k:
+            raise ValueError(f"swap: block_k {cfg.block_k} must be 16+ deep, within one scale group "
+                             f"({group}), tile each K-split, and block_n {cfg.block_n} must be at least 16")
+        if cfg.packed or cfg.paired or cfg.tiled or cfg.cluster or cfg.maxnreg:
+            raise ValueError("swap: dequantizes its own way (always on paired nibbles); the packed, paired, tiled, "
+                             "rN and cluster options are for the elementwise decode kernel")
+        if x.dtype not in (torch.float16, torch.bfloat16):
+            raise ValueError(f"swap: tensor-core dots need fp16 or bf16 activations, not {x.dtype}")
+        qweight = pair_nibbles(qweight)  # so the dequantized tile is in K order (_moe_down_swap)
+    elif uses_dot(bm, cfg.block_k, group):
         kernel = _moe_down_wide if bm >= WIDE_MIN_M else _moe_down_dot
     elif bm <= 2:
         kernel = _moe_down_vec
     else:
         raise ValueError(f"block_m {bm}: 1 or 2 pairs per block, or 16+ with a {DOT_K}-deep K-block in one group")
     if (cfg.tiled or cfg.packed or cfg.paired or cfg.prefetch or cfg.pdl or cfg.early or cfg.cluster) \
-            and kernel is not _moe_down_vec:
+            and kernel not in (_moe_down_vec, _moe_down_swap):
         raise ValueError(f"block_m {bm}: the packed, paired, tiled, pf, pdl, early and cluster options are for "
                          "decode blocks (1-2 pairs) only")
     interpreted = os.environ.get("TRITON_INTERPRET") == "1"  # the interpreter runs no inline PTX
@@ -748,6 +852,10 @@ def prepare(cfg: Config, qweight, scales, group: int, batch, out: torch.Tensor):
     sum_grid = (t, triton.cdiv(n, sum_block))
 
     extra = {"maxnreg": cfg.maxnreg} if cfg.maxnreg and not interpreted else {}
+    if kernel is _moe_down_swap:
+        extra.update(HALF=x.dtype == torch.float16, PREFETCH=cfg.prefetch, PDL=cfg.pdl, EARLY=cfg.early)
+        if cfg.early and not interpreted:
+            extra["launch_pdl"] = True
     if kernel is _moe_down_vec:
         extra.update(STAGES=cfg.num_stages, PACKED=cfg.packed, HALF=x.dtype == torch.float16, TILED=cfg.tiled,
                      PAIRED=cfg.paired, PREFETCH=cfg.prefetch, PDL=cfg.pdl, EARLY=cfg.early, CLUSTER=cfg.cluster)
