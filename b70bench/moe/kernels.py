@@ -505,7 +505,7 @@ def _swap_nibble(e):
 
 @triton.jit
 def _dequant8(q, HALF: tl.constexpr, ASM: tl.constexpr):
-    """[R, C] words -> [R, C, 8] (nibble - 8) in fp16 (HALF) or bf16, slot e holding nibble _swap_nibble(e)."""
+    """[G, R, C] words -> [G, R, C, 8] (nibble - 8) in fp16 (HALF) or bf16, slot e holding nibble _swap_nibble(e)."""
     if ASM:
         # join() puts its new axis in the same thread's registers, so eight copies of a word are
         # one pack of eight for the asm (a broadcast axis would put other words between them).
@@ -518,11 +518,20 @@ def _dequant8(q, HALF: tl.constexpr, ASM: tl.constexpr):
         else:
             w = tl.inline_asm_elementwise(_DEQUANT8_BF16, "=r,=r,=r,=r,r,r,r,r,r,r,r,r", [q8], dtype=tl.bfloat16,
                                           is_pure=True, pack=8)
-        return tl.reshape(w, (q.shape[0], q.shape[1], 8))
+        return tl.reshape(w, (q.shape[0], q.shape[1], q.shape[2], 8))
     # Through fp32: Triton's interpreter bit-casts int32 -> bf16 instead of converting.
     shifts = 4 * _swap_nibble(tl.arange(0, 8))
-    w = (((q[:, :, None] >> shifts[None, None, :]) & 15) - 8).to(tl.float32)
+    w = (((q[:, :, :, None] >> shifts[None, None, None, :]) & 15) - 8).to(tl.float32)
     return w.to(tl.float16) if HALF else w.to(tl.bfloat16)
+
+
+@triton.jit
+def _swap_words(qw_base, k0, k_end, g, rows, offs_n, n_ok, N, SUB_K: tl.constexpr):
+    """A swap K-block's words, [G, SUB_K/8, BLOCK_N]; rows at or past k_end masked."""
+    r = (k0 + g * SUB_K) // PACK_C
+    ok = ((k0 + g * SUB_K) < k_end)[:, None, None] & n_ok[None, None, :]
+    return tl.load(qw_base + (r[:, None, None] + rows[None, :, None]) * N + offs_n[None, None, :], mask=ok,
+                   other=0, eviction_policy="evict_first")
 
 
 @triton.jit
@@ -541,31 +550,37 @@ def _moe_down_swap(x_ptr, qw_ptr, sc_ptr, pair_ptr, blk_expert_ptr, rw_ptr, part
     pid_k = tl.program_id(2)
     pairs, m_ok, offs_n, n_ok, k_lo, k_per, qw_base, sc_base, x_rows = _dot_block(
         x_ptr, qw_ptr, sc_ptr, pair_ptr, blk_expert_ptr, P, N, K, GROUP, BLOCK_M, BLOCK_N, SPLIT_K)
-    rows = tl.arange(0, BLOCK_K // PACK_C)
+    # A K-block is G = BLOCK_K / SUB_K scale groups (SUB_K = min(BLOCK_K, GROUP)) loaded at once and
+    # multiplied as one batched dot, so a program has a whole K-block of words in flight, not one group.
+    SUB_K: tl.constexpr = BLOCK_K if BLOCK_K < GROUP else GROUP
+    G: tl.constexpr = BLOCK_K // SUB_K
+    g = tl.arange(0, G)
+    rows = tl.arange(0, SUB_K // PACK_C)
     # On paired words (pair_nibbles) slot e of _dequant8 is nibble e//2 + 4(e%2), which holds k = 8r + e:
     # the weight tile comes out in K order, so x^T is read as it lies, K-contiguous per pair.
-    k_x = tl.arange(0, BLOCK_K)
-    x_cols = x_ptr + pairs.to(tl.int64)[None, :] * K
+    k_x = g[:, None] * SUB_K + tl.arange(0, SUB_K)[None, :]  # [G, SUB_K]
+    x_cols = x_ptr + pairs.to(tl.int64)[None, None, :] * K
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    k_end = k_lo + k_per
     # Weights and routing are not the previous kernel's output: with EARLY the first K-block's words
     # stream in before the wait (as in _moe_down_vec); PREFETCH holds the next block's words.
-    q = _load_words(qw_base, k_lo, rows, offs_n, n_ok[None, :], N)
+    q = _swap_words(qw_base, k_lo, k_end, g, rows, offs_n, n_ok, N, SUB_K)
     if EARLY and ASM:
         tl.extra.cuda.gdc_wait()
     for kk0 in range(0, k_per, BLOCK_K):
         k0 = k_lo + kk0
         if PREFETCH:
-            nxt = (k0 + BLOCK_K + rows * PACK_C < k_lo + k_per)[:, None] & n_ok[None, :]
-            q_next = _load_words(qw_base, k0 + BLOCK_K, rows, offs_n, nxt, N)
-        xt = tl.load(x_cols + (k0 + k_x)[:, None], mask=m_ok[None, :], other=0.0)
-        w = tl.reshape(tl.permute(_dequant8(q, HALF, ASM), (1, 0, 2)), (BLOCK_N, BLOCK_K))
-        s = tl.load(sc_base + (k0 // GROUP) * N + offs_n, mask=n_ok, other=0.0).to(tl.float32)
-        acc += tl.dot(w, xt) * s[:, None]
+            q_next = _swap_words(qw_base, k0 + BLOCK_K, k_end, g, rows, offs_n, n_ok, N, SUB_K)
+        k_ok = (k0 + k_x) < k_end
+        xt = tl.load(x_cols + (k0 + k_x)[:, :, None], mask=k_ok[:, :, None] & m_ok[None, None, :], other=0.0)
+        w = tl.reshape(tl.permute(_dequant8(q, HALF, ASM), (0, 2, 1, 3)), (G, BLOCK_N, SUB_K))
+        s = tl.load(sc_base + ((k0 + g * SUB_K) // GROUP)[:, None] * N + offs_n[None, :],
+                    mask=((k0 + g * SUB_K) < k_end)[:, None] & n_ok[None, :], other=0.0).to(tl.float32)
+        acc += tl.sum(tl.dot(w, xt) * s[:, :, None], axis=0)
         if PREFETCH:
             q = q_next
         else:
-            nxt = (k0 + BLOCK_K + rows * PACK_C < k_lo + k_per)[:, None] & n_ok[None, :]
-            q = _load_words(qw_base, k0 + BLOCK_K, rows, offs_n, nxt, N)
+            q = _swap_words(qw_base, k0 + BLOCK_K, k_end, g, rows, offs_n, n_ok, N, SUB_K)
     _finish_rows(tl.trans(acc), pairs, m_ok, offs_n, n_ok, pid_n, pid_k, rw_ptr, part_ptr, out_ptr, cnt_ptr, P, N,
                  n_tiles, TOPK, SPLIT_K, BLOCK_M, BLOCK_N, FUSED_REDUCE)
 
@@ -821,10 +836,10 @@ def prepare(cfg: Config, qweight, scales, group: int, batch, out: torch.Tensor):
     grid = (block_expert.numel(), n_tiles, cfg.split_k)
     if cfg.swap:
         kernel = _moe_down_swap
-        if cfg.block_k > group or group % cfg.block_k or cfg.block_k < 16 or cfg.block_n < 16 \
-                or (k // cfg.split_k) % cfg.block_k:
-            raise ValueError(f"swap: block_k {cfg.block_k} must be 16+ deep, within one scale group "
-                             f"({group}), tile each K-split, and block_n {cfg.block_n} must be at least 16")
+        if (cfg.block_k % group if cfg.block_k > group else group % cfg.block_k) or cfg.block_k < 16 \
+                or cfg.block_n < 16 or (k // cfg.split_k) % min(cfg.block_k, group):
+            raise ValueError(f"swap: block_k {cfg.block_k} must be 16+ deep, divide or be a multiple of the scale "
+                             f"group ({group}), whose groups tile each K-split; block_n {cfg.block_n} at least 16")
         if cfg.packed or cfg.paired or cfg.tiled or cfg.cluster or cfg.maxnreg:
             raise ValueError("swap: dequantizes its own way (always on paired nibbles); the packed, paired, tiled, "
                              "rN and cluster options are for the elementwise decode kernel")
