@@ -46,13 +46,6 @@ cases = [
     # the in-kernel sum with pdl (the main kernel lets the next kernel launch under it)
     ("bf16", 3, C(block_m=1, block_n=32, block_k=64, fused_reduce=True, packed=True, paired=True, prefetch=True,
                   pdl=True, early=True)),
-    # the cluster reduction: pairs in token order, one per block (the interpreter, which runs no PTX, stores
-    # partials for the sum kernel where the GPU sums through distributed shared memory)
-    ("bf16", 3, C(block_m=1, block_n=32, block_k=512, packed=True, paired=True, prefetch=True, pdl=True,
-                  early=True, cluster=True)),
-    # the weights as the dot's left operand (fp16: see above), one dequantization per expert block, 1-16 pairs
-    ("fp16", 3, C(block_m=8, block_n=32, block_k=128, prefetch=True, pdl=True, early=True, swap=True)),
-    ("fp16", 9, C(block_m=16, block_n=16, block_k=64, split_k=2, fused_reduce=True, swap=True)),
 ]
 out = []
 for i, (dt, tokens, cfg) in enumerate(cases):

@@ -254,60 +254,13 @@ def _block_products(q, s, x_row, p, k0, k_end, rows, P, PACKED: tl.constexpr, PA
     return blk * s
 
 
-# Cluster reduction (CLUSTER, sm_90+): the TOPK programs of one (token, N-tile) run as one
-# thread-block cluster. Each stores its routing-weighted row into the shared memory of the
-# cluster's first CTA (distributed shared memory), one cluster barrier, and that CTA writes the
-# token's sum: no partials through L2, no second kernel. The rows live in the last
-# TOPK*BLOCK_N*4 bytes of the dynamic shared memory, which prepare() adds at launch above
-# Triton's own use; `back` is a byte offset from that end.
-@triton.jit
-def _cluster_put(val, back):
-    """st.shared::cluster of val into the cluster's rank-0 CTA."""
-    return tl.inline_asm_elementwise(
-        "{ .reg .u32 a, sz, r; mov.u32 a, global_smem; mov.u32 sz, %dynamic_smem_size; add.u32 a, a, sz;"
-        " sub.u32 a, a, $2; mapa.shared::cluster.u32 r, a, 0; st.shared::cluster.f32 [r], $1; mov.u32 $0, 0; }",
-        "=r,f,r", [val, back], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
-def _cluster_arrive(dep):
-    """Arrive early (at the start): a CTA may write into another's shared memory only once that
-    CTA runs, which the matching _cluster_wait before the first write ensures at no cost by then."""
-    return tl.inline_asm_elementwise("barrier.cluster.arrive.relaxed.aligned; mov.u32 $0, 0;",
-                                     "=r,r", [dep], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
-def _cluster_wait(dep):
-    return tl.inline_asm_elementwise("barrier.cluster.wait.aligned; mov.u32 $0, 0;",
-                                     "=r,r", [dep], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
-def _cluster_sync(dep):
-    """Every CTA of the cluster has arrived; their stores before it are visible after it."""
-    return tl.inline_asm_elementwise(
-        "barrier.cluster.arrive.release.aligned; barrier.cluster.wait.acquire.aligned; mov.u32 $0, 0;",
-        "=r,r", [dep], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
-def _cluster_get(back):
-    """ld.shared of this CTA's row buffer."""
-    return tl.inline_asm_elementwise(
-        "{ .reg .u32 a, sz; mov.u32 a, global_smem; mov.u32 sz, %dynamic_smem_size; add.u32 a, a, sz;"
-        " sub.u32 a, a, $1; ld.shared.f32 $0, [a]; }",
-        "=f,r", [back], dtype=tl.float32, is_pure=False, pack=1)
-
-
 @triton.jit
 def _moe_down_vec(x_ptr, qw_ptr, sc_ptr, pair_ptr, blk_expert_ptr, rw_ptr, part_ptr, out_ptr, cnt_ptr,
                   P, N, K, n_tiles,
                   TOPK: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                   BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, FUSED_REDUCE: tl.constexpr, ASM: tl.constexpr,
                   STAGES: tl.constexpr, PACKED: tl.constexpr, HALF: tl.constexpr, TILED: tl.constexpr,
-                  PAIRED: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr, EARLY: tl.constexpr,
-                  CLUSTER: tl.constexpr = False):
+                  PAIRED: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr, EARLY: tl.constexpr):
     """Decode: 1 or 2 pairs per block. Each pair accumulates scaled products in a
     [BLOCK_K/8, BLOCK_N] fp32 tile laid out like the loaded words (2D, so every op keeps the
     load's layout); the word rows are summed once, after the K loop."""
@@ -318,8 +271,6 @@ def _moe_down_vec(x_ptr, qw_ptr, sc_ptr, pair_ptr, blk_expert_ptr, rw_ptr, part_
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     pid_k = tl.program_id(2)
-    if CLUSTER and ASM:
-        _cluster_arrive(pid_m)
     expert = tl.load(blk_expert_ptr + pid_m).to(tl.int64)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < N
@@ -381,20 +332,7 @@ def _moe_down_vec(x_ptr, qw_ptr, sc_ptr, pair_ptr, blk_expert_ptr, rw_ptr, part_
                 acc1 += _block_products(q, s, x1, p1, k0, k_end, rows, P, PACKED, PAIRED, HALF, ASM)
     part = part_ptr + pid_k * P * N + offs_n
     res0 = tl.sum(acc0, axis=0) * tl.load(rw_ptr + p0, mask=p0 < P, other=0.0)
-    if CLUSTER and ASM:
-        # Pairs in token order, one per program (prepare): program pid_m is the token's expert slot
-        # pid_m % TOPK, which is also its rank in the cluster of TOPK consecutive programs.
-        cols = tl.arange(0, BLOCK_N)
-        _cluster_wait(pid_m)
-        _cluster_put(res0, ((TOPK - pid_m % TOPK) * BLOCK_N - cols) * 4)
-        _cluster_sync(pid_m)
-        if pid_m % TOPK == 0:
-            tot = _cluster_get((TOPK * BLOCK_N - cols) * 4)
-            for j in tl.static_range(1, TOPK):
-                tot += _cluster_get(((TOPK - j) * BLOCK_N - cols) * 4)
-            tl.store(out_ptr + (pid_m // TOPK).to(tl.int64) * N + offs_n, tot.to(out_ptr.dtype.element_ty), mask=n_ok)
-    else:
-        tl.store(part + p0.to(tl.int64) * N, res0, mask=n_ok & ((offs_n * 0 + p0) < P))
+    tl.store(part + p0.to(tl.int64) * N, res0, mask=n_ok & ((offs_n * 0 + p0) < P))
     if BLOCK_M == 2:
         res1 = tl.sum(acc1, axis=0) * tl.load(rw_ptr + p1, mask=p1 < P, other=0.0)
         tl.store(part + p1.to(tl.int64) * N, res1, mask=n_ok & ((offs_n * 0 + p1) < P))
@@ -482,109 +420,6 @@ def _moe_down_wide(x_ptr, qw_ptr, sc_ptr, pair_ptr, blk_expert_ptr, rw_ptr, part
                  TOPK, SPLIT_K, BLOCK_M, BLOCK_N, FUSED_REDUCE)
 
 
-# Eight nibbles of a word, minus 8, as four 16x2 registers in the order SWAP_NIBBLE names (LOP3 with
-# the 16-bit type's magic exponent, one HFMA2 per register): 11 instructions per word, no layout
-# shuffles, because the registers are what the shared-memory store of the dot operand takes.
-_DEQUANT8_BF16 = tl.constexpr("""{ .reg .b32 one, off, t; mov.b32 one, 0x3F803F80; mov.b32 off, 0xC308C308;
-lop3.b32 $0, $4, 0x000F000F, 0x43004300, 0xEA; fma.rn.bf16x2 $0, $0, one, off;
-shr.u32 t, $4, 4; lop3.b32 $1, t, 0x000F000F, 0x43004300, 0xEA; fma.rn.bf16x2 $1, $1, one, off;
-shr.u32 t, $4, 8; lop3.b32 $2, t, 0x000F000F, 0x43004300, 0xEA; fma.rn.bf16x2 $2, $2, one, off;
-shr.u32 t, $4, 12; lop3.b32 $3, t, 0x000F000F, 0x43004300, 0xEA; fma.rn.bf16x2 $3, $3, one, off; }""")
-_DEQUANT8_FP16 = tl.constexpr("""{ .reg .b32 one, off, t; mov.b32 one, 0x3C003C00; mov.b32 off, 0xE408E408;
-lop3.b32 $0, $4, 0x000F000F, 0x64006400, 0xEA; fma.rn.f16x2 $0, $0, one, off;
-shr.u32 t, $4, 4; lop3.b32 $1, t, 0x000F000F, 0x64006400, 0xEA; fma.rn.f16x2 $1, $1, one, off;
-shr.u32 t, $4, 8; lop3.b32 $2, t, 0x000F000F, 0x64006400, 0xEA; fma.rn.f16x2 $2, $2, one, off;
-shr.u32 t, $4, 12; lop3.b32 $3, t, 0x000F000F, 0x64006400, 0xEA; fma.rn.f16x2 $3, $3, one, off; }""")
-
-
-@triton.jit
-def _swap_nibble(e):
-    """Which nibble of a word slot e (0-7) of _dequant8 holds: register e//2, half e%2."""
-    return e // 2 + 4 * (e % 2)
-
-
-@triton.jit
-def _dequant8(q, HALF: tl.constexpr, ASM: tl.constexpr):
-    """[G, R, C] words -> [G, R, C, 8] (nibble - 8) in fp16 (HALF) or bf16, slot e holding nibble _swap_nibble(e)."""
-    if ASM:
-        # join() puts its new axis in the same thread's registers, so eight copies of a word are
-        # one pack of eight for the asm (a broadcast axis would put other words between them).
-        q2 = tl.join(q, q)
-        q4 = tl.join(q2, q2)
-        q8 = tl.join(q4, q4)
-        if HALF:
-            w = tl.inline_asm_elementwise(_DEQUANT8_FP16, "=r,=r,=r,=r,r,r,r,r,r,r,r,r", [q8], dtype=tl.float16,
-                                          is_pure=True, pack=8)
-        else:
-            w = tl.inline_asm_elementwise(_DEQUANT8_BF16, "=r,=r,=r,=r,r,r,r,r,r,r,r,r", [q8], dtype=tl.bfloat16,
-                                          is_pure=True, pack=8)
-        return tl.reshape(w, (q.shape[0], q.shape[1], q.shape[2], 8))
-    # Through fp32: Triton's interpreter bit-casts int32 -> bf16 instead of converting.
-    shifts = 4 * _swap_nibble(tl.arange(0, 8))
-    w = (((q[:, :, :, None] >> shifts[None, None, None, :]) & 15) - 8).to(tl.float32)
-    return w.to(tl.float16) if HALF else w.to(tl.bfloat16)
-
-
-@triton.jit
-def _swap_words(qw_base, k0, k_end, g, rows, offs_n, n_ok, N, SUB_K: tl.constexpr):
-    """A swap K-block's words, [G, SUB_K/8, BLOCK_N]; rows at or past k_end masked."""
-    r = (k0 + g * SUB_K) // PACK_C
-    ok = ((k0 + g * SUB_K) < k_end)[:, None, None] & n_ok[None, None, :]
-    return tl.load(qw_base + (r[:, None, None] + rows[None, :, None]) * N + offs_n[None, None, :], mask=ok,
-                   other=0, eviction_policy="evict_first")
-
-
-@triton.jit
-def _moe_down_swap(x_ptr, qw_ptr, sc_ptr, pair_ptr, blk_expert_ptr, rw_ptr, part_ptr, out_ptr, cnt_ptr,
-                   P, N, K, n_tiles,
-                   TOPK: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                   BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, FUSED_REDUCE: tl.constexpr, ASM: tl.constexpr,
-                   HALF: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr, EARLY: tl.constexpr):
-    """Weights as the dot's left operand (out^T = W^T x^T, "swap AB"): the N-tile fills the
-    tensor core's M side, the block's pairs (padded by Triton) its N side, so a K-block costs one
-    dequantization however many pairs share the expert, and products and sums go to the tensor
-    cores. Paired words (pair_nibbles); BLOCK_K within one scale group."""
-    if PDL and ASM:
-        tl.extra.cuda.gdc_launch_dependents()
-    pid_n = tl.program_id(1)
-    pid_k = tl.program_id(2)
-    pairs, m_ok, offs_n, n_ok, k_lo, k_per, qw_base, sc_base, x_rows = _dot_block(
-        x_ptr, qw_ptr, sc_ptr, pair_ptr, blk_expert_ptr, P, N, K, GROUP, BLOCK_M, BLOCK_N, SPLIT_K)
-    # A K-block is G = BLOCK_K / SUB_K scale groups (SUB_K = min(BLOCK_K, GROUP)) loaded at once and
-    # multiplied as one batched dot, so a program has a whole K-block of words in flight, not one group.
-    SUB_K: tl.constexpr = BLOCK_K if BLOCK_K < GROUP else GROUP
-    G: tl.constexpr = BLOCK_K // SUB_K
-    g = tl.arange(0, G)
-    rows = tl.arange(0, SUB_K // PACK_C)
-    # On paired words (pair_nibbles) slot e of _dequant8 is nibble e//2 + 4(e%2), which holds k = 8r + e:
-    # the weight tile comes out in K order, so x^T is read as it lies, K-contiguous per pair.
-    k_x = g[:, None] * SUB_K + tl.arange(0, SUB_K)[None, :]  # [G, SUB_K]
-    x_cols = x_ptr + pairs.to(tl.int64)[None, None, :] * K
-    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    k_end = k_lo + k_per
-    # Weights and routing are not the previous kernel's output: with EARLY the first K-block's words
-    # stream in before the wait (as in _moe_down_vec); PREFETCH holds the next block's words.
-    q = _swap_words(qw_base, k_lo, k_end, g, rows, offs_n, n_ok, N, SUB_K)
-    if EARLY and ASM:
-        tl.extra.cuda.gdc_wait()
-    for kk0 in range(0, k_per, BLOCK_K):
-        k0 = k_lo + kk0
-        if PREFETCH:
-            q_next = _swap_words(qw_base, k0 + BLOCK_K, k_end, g, rows, offs_n, n_ok, N, SUB_K)
-        k_ok = (k0 + k_x) < k_end
-        xt = tl.load(x_cols + (k0 + k_x)[:, :, None], mask=k_ok[:, :, None] & m_ok[None, None, :], other=0.0)
-        w = tl.reshape(tl.permute(_dequant8(q, HALF, ASM), (0, 2, 1, 3)), (G, BLOCK_N, SUB_K))
-        s = tl.load(sc_base + ((k0 + g * SUB_K) // GROUP)[:, None] * N + offs_n[None, :],
-                    mask=((k0 + g * SUB_K) < k_end)[:, None] & n_ok[None, :], other=0.0).to(tl.float32)
-        acc += tl.sum(tl.dot(w, xt) * s[:, :, None], axis=0)
-        if PREFETCH:
-            q = q_next
-        else:
-            q = _swap_words(qw_base, k0 + BLOCK_K, k_end, g, rows, offs_n, n_ok, N, SUB_K)
-    _finish_rows(tl.trans(acc), pairs, m_ok, offs_n, n_ok, pid_n, pid_k, rw_ptr, part_ptr, out_ptr, cnt_ptr, P, N,
-                 n_tiles, TOPK, SPLIT_K, BLOCK_M, BLOCK_N, FUSED_REDUCE)
-
-
 @triton.jit
 def _moe_sum(part_ptr, out_ptr, P, N, TOPK: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr,
              PDL: tl.constexpr = False):
@@ -626,18 +461,11 @@ class Config:
     # if that one is launched for it (fused)
     pdl: bool = False
     early: bool = False  # the main kernel launches under the previous kernel, streaming weights before it waits
-    # Decode, one pair per block, CUDA sm_90+: the token's top-k programs form a thread-block cluster and sum
-    # through distributed shared memory (no partials, no second kernel); label "cluster" in place of "sum"
-    cluster: bool = False
-    # Any block_m: the weights as the tensor-core dot's left operand (_moe_down_swap); packed 16x2 dequant
-    # on CUDA, BLOCK_K within one scale group; with pf, pdl, early as for decode blocks
-    swap: bool = False
 
     def label(self) -> str:
-        red = "fused" if self.fused_reduce else "cluster" if self.cluster else "sum"
+        red = "fused" if self.fused_reduce else "sum"
         flags = ("-packed" if self.packed else "") + ("-paired" if self.paired else "")
         flags += ("-tiled" if self.tiled else "") + (f"-r{self.maxnreg}" if self.maxnreg else "")
-        flags += ("-swap" if self.swap else "")
         flags += ("-pf" if self.prefetch else "") + ("-pdl" if self.pdl else "") + ("-early" if self.early else "")
         return (f"m{self.block_m}n{self.block_n}k{self.block_k}s{self.split_k}"
                 f"w{self.num_warps}st{self.num_stages}{red}{flags}")
@@ -778,40 +606,6 @@ def pdl_reason(device: torch.device) -> str | None:
     return None
 
 
-def cluster_reason(device: torch.device) -> str | None:
-    """Why thread-block clusters (the cluster reduction) cannot run on this device, or None."""
-    if device.type != "cuda":
-        return f"thread-block clusters are CUDA's (sm_90+); this is {device.type}"
-    if torch.cuda.get_device_capability(device) < (9, 0):
-        return "thread-block clusters need compute capability 9.0+ (Hopper)"
-    return None
-
-
-MAX_CLUSTER = 8  # CTAs per cluster every sm_90 part must launch (larger is opt-in, per kernel)
-
-
-def check_cluster(cfg: Config, block_m: int, topk: int) -> None:
-    if block_m != 1 or cfg.split_k != 1 or cfg.fused_reduce:
-        raise ValueError("the cluster reduction sums one token's top-k programs: it needs one pair per block (m1), "
-                         "no split-K (s1) and no fused reduction")
-    if topk > MAX_CLUSTER:
-        raise ValueError(f"the cluster reduction puts a token's top-k programs in one cluster, at most "
-                         f"{MAX_CLUSTER} CTAs; top-k is {topk}: use the sum reduction")
-
-
-def _launch_clustered(compiled, size: int, smem_bytes: int) -> None:
-    """Make every later launch of this compiled kernel a cluster launch of `size` consecutive programs
-    along axis 0 with smem_bytes more dynamic shared memory. Triton's launcher turns num_ctas into the
-    cluster dimension and multiplies grid axis 0 by it; the kernel is compiled with num_ctas 1, so each
-    CTA stays one program and the caller divides axis 0 by `size`."""
-    pm, md = getattr(compiled, "packed_metadata", None), compiled.metadata
-    if not (isinstance(pm, tuple) and len(pm) == 3 and pm[0] == md.num_warps and pm[1] in (1, size)
-            and getattr(md, "num_ctas", 1) == 1):
-        raise RuntimeError(f"the cluster reduction needs Triton's (num_warps, num_ctas, shared) launch metadata; "
-                           f"Triton {triton.__version__} has {pm!r}: use the sum reduction")
-    compiled.packed_metadata = (pm[0], size, -(-md.shared // 16) * 16 + smem_bytes)
-
-
 def prepare(cfg: Config, qweight, scales, group: int, batch, out: torch.Tensor):
     """A no-argument callable computing out [T, N] for this batch; all metadata made here."""
     t, topk, k = batch.x.shape
@@ -819,13 +613,7 @@ def prepare(cfg: Config, qweight, scales, group: int, batch, out: torch.Tensor):
     p = t * topk
     bm = cfg.block_m or auto_block_m(batch.ids_cpu)
     check_config(cfg, k, group)
-    if cfg.cluster:
-        check_cluster(cfg, bm, topk)
-        # Token order, one pair per block: a token's top-k programs are consecutive (one cluster).
-        pair_ids = torch.arange(p, dtype=torch.int32)
-        block_expert = batch.ids_cpu.flatten().to(torch.int32)
-    else:
-        pair_ids, block_expert = group_pairs(batch.ids_cpu, bm)
+    pair_ids, block_expert = group_pairs(batch.ids_cpu, bm)
     dev = batch.x.device
     pair_ids, block_expert = pair_ids.to(dev), block_expert.to(dev)
     x = batch.x.reshape(p, k)
@@ -834,46 +622,25 @@ def prepare(cfg: Config, qweight, scales, group: int, batch, out: torch.Tensor):
     n_tiles = triton.cdiv(n, cfg.block_n)
     cnt = torch.zeros((t, n_tiles), dtype=torch.int32, device=dev)
     grid = (block_expert.numel(), n_tiles, cfg.split_k)
-    if cfg.swap:
-        kernel = _moe_down_swap
-        if (cfg.block_k % group if cfg.block_k > group else group % cfg.block_k) or cfg.block_k < 16 \
-                or cfg.block_n < 16 or (k // cfg.split_k) % min(cfg.block_k, group):
-            raise ValueError(f"swap: block_k {cfg.block_k} must be 16+ deep, divide or be a multiple of the scale "
-                             f"group ({group}), whose groups tile each K-split; block_n {cfg.block_n} at least 16")
-        if cfg.packed or cfg.paired or cfg.tiled or cfg.cluster or cfg.maxnreg:
-            raise ValueError("swap: dequantizes its own way (always on paired nibbles); the packed, paired, tiled, "
-                             "rN and cluster options are for the elementwise decode kernel")
-        if x.dtype not in (torch.float16, torch.bfloat16):
-            raise ValueError(f"swap: tensor-core dots need fp16 or bf16 activations, not {x.dtype}")
-        qweight = pair_nibbles(qweight)  # so the dequantized tile is in K order (_moe_down_swap)
-    elif uses_dot(bm, cfg.block_k, group):
+    if uses_dot(bm, cfg.block_k, group):
         kernel = _moe_down_wide if bm >= WIDE_MIN_M else _moe_down_dot
     elif bm <= 2:
         kernel = _moe_down_vec
     else:
         raise ValueError(f"block_m {bm}: 1 or 2 pairs per block, or 16+ with a {DOT_K}-deep K-block in one group")
-    if (cfg.tiled or cfg.packed or cfg.paired or cfg.prefetch or cfg.pdl or cfg.early or cfg.cluster) \
-            and kernel not in (_moe_down_vec, _moe_down_swap):
-        raise ValueError(f"block_m {bm}: the packed, paired, tiled, pf, pdl, early and cluster options are for "
-                         "decode blocks (1-2 pairs) only")
+    if (cfg.tiled or cfg.packed or cfg.paired or cfg.prefetch or cfg.pdl or cfg.early) and kernel is not _moe_down_vec:
+        raise ValueError(f"block_m {bm}: the packed, paired, tiled, pf, pdl and early options are for decode "
+                         "blocks (1-2 pairs) only")
     interpreted = os.environ.get("TRITON_INTERPRET") == "1"  # the interpreter runs no inline PTX
     if (cfg.pdl or cfg.early) and not interpreted and pdl_reason(batch.x.device):
         raise ValueError(f"pdl/early: {pdl_reason(batch.x.device)}")
-    if cfg.cluster and not interpreted and cluster_reason(batch.x.device):
-        raise ValueError(f"cluster: {cluster_reason(batch.x.device)}")
-    # The interpreter runs no inline PTX: there a cluster tiling stores partials and the sum kernel adds them.
-    clustered = cfg.cluster and not interpreted
     sum_block = 256
     sum_grid = (t, triton.cdiv(n, sum_block))
 
     extra = {"maxnreg": cfg.maxnreg} if cfg.maxnreg and not interpreted else {}
-    if kernel is _moe_down_swap:
-        extra.update(HALF=x.dtype == torch.float16, PREFETCH=cfg.prefetch, PDL=cfg.pdl, EARLY=cfg.early)
-        if cfg.early and not interpreted:
-            extra["launch_pdl"] = True
     if kernel is _moe_down_vec:
         extra.update(STAGES=cfg.num_stages, PACKED=cfg.packed, HALF=x.dtype == torch.float16, TILED=cfg.tiled,
-                     PAIRED=cfg.paired, PREFETCH=cfg.prefetch, PDL=cfg.pdl, EARLY=cfg.early, CLUSTER=cfg.cluster)
+                     PAIRED=cfg.paired, PREFETCH=cfg.prefetch, PDL=cfg.pdl, EARLY=cfg.early)
         if cfg.early and not interpreted:
             extra["launch_pdl"] = True
         if cfg.paired and not cfg.packed:
@@ -887,20 +654,12 @@ def prepare(cfg: Config, qweight, scales, group: int, batch, out: torch.Tensor):
 
     sum_pdl = {"PDL": True, "launch_pdl": True} if cfg.pdl and not cfg.fused_reduce and not interpreted else {}
 
-    args = (x, qweight, scales, pair_ids, block_expert, rw, part, out, cnt, p, n, k, n_tiles)
-    kwargs = dict(TOPK=topk, GROUP=group, BLOCK_M=bm, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-                  SPLIT_K=cfg.split_k, FUSED_REDUCE=cfg.fused_reduce,
-                  ASM=not interpreted, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **extra)
-    if clustered:
-        compiled = kernel.warmup(*args, grid=grid, **kwargs)
-        _launch_clustered(compiled, topk, topk * cfg.block_n * 4)
-        grid = (grid[0] // topk, grid[1], grid[2])
-
     def run():
-        launched = kernel[grid](*args, **kwargs)
-        if clustered and launched is not compiled:  # a recompile would launch without the cluster
-            raise RuntimeError("the cluster reduction's compiled kernel was not the one launched")
-        if not cfg.fused_reduce and not clustered:
+        kernel[grid](x, qweight, scales, pair_ids, block_expert, rw, part, out, cnt, p, n, k, n_tiles,
+                     TOPK=topk, GROUP=group, BLOCK_M=bm, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+                     SPLIT_K=cfg.split_k, FUSED_REDUCE=cfg.fused_reduce,
+                     ASM=not interpreted, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **extra)
+        if not cfg.fused_reduce:
             _moe_sum[sum_grid](part, out, p, n, TOPK=topk, SPLIT_K=cfg.split_k, BLOCK=sum_block, num_warps=4,
                                **sum_pdl)
         return out
