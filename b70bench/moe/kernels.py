@@ -254,82 +254,13 @@ def _block_products(q, s, x_row, p, k0, k_end, rows, P, PACKED: tl.constexpr, PA
     return blk * s
 
 
-# Cluster reduction (CLUSTER, sm_90+): the TOPK programs of one (token, N-tile) run as one
-# thread-block cluster. Each stores its routing-weighted row into the shared memory of the
-# cluster's first CTA (distributed shared memory), one cluster barrier, and that CTA writes the
-# token's sum: no partials through L2, no second kernel. The rows live in the last
-# TOPK*BLOCK_N*4 bytes of the dynamic shared memory, which prepare() adds at launch above
-# Triton's own use; `back` is a byte offset from that end.
-@triton.jit
-def _cluster_put(val, back):
-    """st.shared::cluster of val into the cluster's rank-0 CTA."""
-    return tl.inline_asm_elementwise(
-        "{ .reg .u32 a, sz, r; mov.u32 a, global_smem; mov.u32 sz, %dynamic_smem_size; add.u32 a, a, sz;"
-        " sub.u32 a, a, $2; mapa.shared::cluster.u32 r, a, 0; st.shared::cluster.f32 [r], $1; mov.u32 $0, 0; }",
-        "=r,f,r", [val, back], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
-def _cluster_arrive(dep):
-    """Arrive early (at the start): a CTA may write into another's shared memory only once that
-    CTA runs, which the matching _cluster_wait before the first write ensures at no cost by then."""
-    return tl.inline_asm_elementwise("barrier.cluster.arrive.relaxed.aligned; mov.u32 $0, 0;",
-                                     "=r,r", [dep], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
-def _cluster_wait(dep):
-    return tl.inline_asm_elementwise("barrier.cluster.wait.aligned; mov.u32 $0, 0;",
-                                     "=r,r", [dep], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
-def _cluster_sync(dep):
-    """Every CTA of the cluster has arrived; their stores before it are visible after it."""
-    return tl.inline_asm_elementwise(
-        "barrier.cluster.arrive.release.aligned; barrier.cluster.wait.acquire.aligned; mov.u32 $0, 0;",
-        "=r,r", [dep], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
-def _local_put(val, back):
-    return tl.inline_asm_elementwise(
-        "{ .reg .u32 a, sz; mov.u32 a, global_smem; mov.u32 sz, %dynamic_smem_size; add.u32 a, a, sz;"
-        " sub.u32 a, a, $2; st.shared.f32 [a], $1; mov.u32 $0, 0; }",
-        "=r,f,r", [val, back], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
-def _remote_get(back, rank):
-    return tl.inline_asm_elementwise(
-        "{ .reg .u32 a, sz, r; mov.u32 a, global_smem; mov.u32 sz, %dynamic_smem_size; add.u32 a, a, sz;"
-        " sub.u32 a, a, $1; mapa.shared::cluster.u32 r, a, $2; ld.shared::cluster.f32 $0, [r]; }",
-        "=f,r,r", [back, rank], dtype=tl.float32, is_pure=False, pack=1)
-
-
-@triton.jit
-def _cluster_done(dep):
-    return tl.inline_asm_elementwise("barrier.cluster.arrive.relaxed.aligned; barrier.cluster.wait.aligned; mov.u32 $0, 0;",
-                                     "=r,f", [dep], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
-def _cluster_get(back):
-    """ld.shared of this CTA's row buffer."""
-    return tl.inline_asm_elementwise(
-        "{ .reg .u32 a, sz; mov.u32 a, global_smem; mov.u32 sz, %dynamic_smem_size; add.u32 a, a, sz;"
-        " sub.u32 a, a, $1; ld.shared.f32 $0, [a]; }",
-        "=f,r", [back], dtype=tl.float32, is_pure=False, pack=1)
-
-
 @triton.jit
 def _moe_down_vec(x_ptr, qw_ptr, sc_ptr, pair_ptr, blk_expert_ptr, rw_ptr, part_ptr, out_ptr, cnt_ptr,
                   P, N, K, n_tiles,
                   TOPK: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                   BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, FUSED_REDUCE: tl.constexpr, ASM: tl.constexpr,
                   STAGES: tl.constexpr, PACKED: tl.constexpr, HALF: tl.constexpr, TILED: tl.constexpr,
-                  PAIRED: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr, EARLY: tl.constexpr,
-                  CLUSTER: tl.constexpr = 0):
+                  PAIRED: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr, EARLY: tl.constexpr):
     """Decode: 1 or 2 pairs per block. Each pair accumulates scaled products in a
     [BLOCK_K/8, BLOCK_N] fp32 tile laid out like the loaded words (2D, so every op keeps the
     load's layout); the word rows are summed once, after the K loop."""
@@ -340,8 +271,6 @@ def _moe_down_vec(x_ptr, qw_ptr, sc_ptr, pair_ptr, blk_expert_ptr, rw_ptr, part_
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     pid_k = tl.program_id(2)
-    if CLUSTER != 0 and CLUSTER != 4 and ASM:
-        _cluster_arrive(pid_m)
     expert = tl.load(blk_expert_ptr + pid_m).to(tl.int64)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < N
@@ -403,51 +332,7 @@ def _moe_down_vec(x_ptr, qw_ptr, sc_ptr, pair_ptr, blk_expert_ptr, rw_ptr, part_
                 acc1 += _block_products(q, s, x1, p1, k0, k_end, rows, P, PACKED, PAIRED, HALF, ASM)
     part = part_ptr + pid_k * P * N + offs_n
     res0 = tl.sum(acc0, axis=0) * tl.load(rw_ptr + p0, mask=p0 < P, other=0.0)
-    if CLUSTER == 2 and ASM:  # pull: own smem, rank 0 reads the others', second barrier before exit
-        cols = tl.arange(0, BLOCK_N)
-        _cluster_wait(pid_m)
-        _local_put(res0, (BLOCK_N - cols) * 4)
-        _cluster_sync(pid_m)
-        if pid_m % TOPK == 0:
-            tot = _cluster_get((BLOCK_N - cols) * 4)
-            for j in tl.static_range(1, TOPK):
-                tot += _remote_get((BLOCK_N - cols) * 4, cols * 0 + j)
-            tl.store(out_ptr + (pid_m // TOPK).to(tl.int64) * N + offs_n, tot.to(out_ptr.dtype.element_ty), mask=n_ok)
-        _cluster_sync(pid_m)
-    elif CLUSTER == 5 and ASM:  # pull; the last barrier relaxed, ordered after rank 0's reads by a data dependency
-        cols = tl.arange(0, BLOCK_N)
-        _cluster_wait(pid_m)
-        _local_put(res0, (BLOCK_N - cols) * 4)
-        _cluster_sync(pid_m)
-        if pid_m % TOPK == 0:
-            tot = _cluster_get((BLOCK_N - cols) * 4)
-            for j in tl.static_range(1, TOPK):
-                tot += _remote_get((BLOCK_N - cols) * 4, cols * 0 + j)
-            dep = tl.sum(tot, axis=0)
-        else:
-            tot = tl.zeros((BLOCK_N,), dtype=tl.float32)
-            dep = tl.sum(tot, axis=0)
-        _cluster_done(dep)
-        if pid_m % TOPK == 0:
-            tl.store(out_ptr + (pid_m // TOPK).to(tl.int64) * N + offs_n, tot.to(out_ptr.dtype.element_ty), mask=n_ok)
-    elif CLUSTER == 3 and ASM:  # barriers only, partials and the sum kernel as usual
-        _cluster_wait(pid_m)
-        _cluster_sync(pid_m)
-        tl.store(part + p0.to(tl.int64) * N, res0, mask=n_ok & ((offs_n * 0 + p0) < P))
-    elif CLUSTER == 1 and ASM:
-        # Pairs in token order, one per program (prepare): program pid_m is the token's expert slot
-        # pid_m % TOPK, which is also its rank in the cluster of TOPK consecutive programs.
-        cols = tl.arange(0, BLOCK_N)
-        _cluster_wait(pid_m)
-        _cluster_put(res0, ((TOPK - pid_m % TOPK) * BLOCK_N - cols) * 4)
-        _cluster_sync(pid_m)
-        if pid_m % TOPK == 0:
-            tot = _cluster_get((TOPK * BLOCK_N - cols) * 4)
-            for j in tl.static_range(1, TOPK):
-                tot += _cluster_get(((TOPK - j) * BLOCK_N - cols) * 4)
-            tl.store(out_ptr + (pid_m // TOPK).to(tl.int64) * N + offs_n, tot.to(out_ptr.dtype.element_ty), mask=n_ok)
-    else:
-        tl.store(part + p0.to(tl.int64) * N, res0, mask=n_ok & ((offs_n * 0 + p0) < P))
+    tl.store(part + p0.to(tl.int64) * N, res0, mask=n_ok & ((offs_n * 0 + p0) < P))
     if BLOCK_M == 2:
         res1 = tl.sum(acc1, axis=0) * tl.load(rw_ptr + p1, mask=p1 < P, other=0.0)
         tl.store(part + p1.to(tl.int64) * N, res1, mask=n_ok & ((offs_n * 0 + p1) < P))
@@ -576,12 +461,9 @@ class Config:
     # if that one is launched for it (fused)
     pdl: bool = False
     early: bool = False  # the main kernel launches under the previous kernel, streaming weights before it waits
-    # Decode, one pair per block, CUDA sm_90+: the token's top-k programs form a thread-block cluster and sum
-    # through distributed shared memory (no partials, no second kernel); label "cluster" in place of "sum"
-    cluster: bool = False
 
     def label(self) -> str:
-        red = "fused" if self.fused_reduce else "cluster" if self.cluster else "sum"
+        red = "fused" if self.fused_reduce else "sum"
         flags = ("-packed" if self.packed else "") + ("-paired" if self.paired else "")
         flags += ("-tiled" if self.tiled else "") + (f"-r{self.maxnreg}" if self.maxnreg else "")
         flags += ("-pf" if self.prefetch else "") + ("-pdl" if self.pdl else "") + ("-early" if self.early else "")
@@ -724,40 +606,6 @@ def pdl_reason(device: torch.device) -> str | None:
     return None
 
 
-def cluster_reason(device: torch.device) -> str | None:
-    """Why thread-block clusters (the cluster reduction) cannot run on this device, or None."""
-    if device.type != "cuda":
-        return f"thread-block clusters are CUDA's (sm_90+); this is {device.type}"
-    if torch.cuda.get_device_capability(device) < (9, 0):
-        return "thread-block clusters need compute capability 9.0+ (Hopper)"
-    return None
-
-
-MAX_CLUSTER = 8  # CTAs per cluster every sm_90 part must launch (larger is opt-in, per kernel)
-
-
-def check_cluster(cfg: Config, block_m: int, topk: int) -> None:
-    if block_m != 1 or cfg.split_k != 1 or cfg.fused_reduce:
-        raise ValueError("the cluster reduction sums one token's top-k programs: it needs one pair per block (m1), "
-                         "no split-K (s1) and no fused reduction")
-    if topk > MAX_CLUSTER:
-        raise ValueError(f"the cluster reduction puts a token's top-k programs in one cluster, at most "
-                         f"{MAX_CLUSTER} CTAs; top-k is {topk}: use the sum reduction")
-
-
-def _launch_clustered(compiled, size: int, smem_bytes: int) -> None:
-    """Make every later launch of this compiled kernel a cluster launch of `size` consecutive programs
-    along axis 0 with smem_bytes more dynamic shared memory. Triton's launcher turns num_ctas into the
-    cluster dimension and multiplies grid axis 0 by it; the kernel is compiled with num_ctas 1, so each
-    CTA stays one program and the caller divides axis 0 by `size`."""
-    pm, md = getattr(compiled, "packed_metadata", None), compiled.metadata
-    if not (isinstance(pm, tuple) and len(pm) == 3 and pm[0] == md.num_warps and pm[1] in (1, size)
-            and getattr(md, "num_ctas", 1) == 1):
-        raise RuntimeError(f"the cluster reduction needs Triton's (num_warps, num_ctas, shared) launch metadata; "
-                           f"Triton {triton.__version__} has {pm!r}: use the sum reduction")
-    compiled.packed_metadata = (pm[0], size, -(-md.shared // 16) * 16 + smem_bytes)
-
-
 def prepare(cfg: Config, qweight, scales, group: int, batch, out: torch.Tensor):
     """A no-argument callable computing out [T, N] for this batch; all metadata made here."""
     t, topk, k = batch.x.shape
@@ -765,13 +613,7 @@ def prepare(cfg: Config, qweight, scales, group: int, batch, out: torch.Tensor):
     p = t * topk
     bm = cfg.block_m or auto_block_m(batch.ids_cpu)
     check_config(cfg, k, group)
-    if cfg.cluster:
-        check_cluster(cfg, bm, topk)
-        # Token order, one pair per block: a token's top-k programs are consecutive (one cluster).
-        pair_ids = torch.arange(p, dtype=torch.int32)
-        block_expert = batch.ids_cpu.flatten().to(torch.int32)
-    else:
-        pair_ids, block_expert = group_pairs(batch.ids_cpu, bm)
+    pair_ids, block_expert = group_pairs(batch.ids_cpu, bm)
     dev = batch.x.device
     pair_ids, block_expert = pair_ids.to(dev), block_expert.to(dev)
     x = batch.x.reshape(p, k)
@@ -786,25 +628,19 @@ def prepare(cfg: Config, qweight, scales, group: int, batch, out: torch.Tensor):
         kernel = _moe_down_vec
     else:
         raise ValueError(f"block_m {bm}: 1 or 2 pairs per block, or 16+ with a {DOT_K}-deep K-block in one group")
-    if (cfg.tiled or cfg.packed or cfg.paired or cfg.prefetch or cfg.pdl or cfg.early or cfg.cluster) \
-            and kernel is not _moe_down_vec:
-        raise ValueError(f"block_m {bm}: the packed, paired, tiled, pf, pdl, early and cluster options are for "
-                         "decode blocks (1-2 pairs) only")
+    if (cfg.tiled or cfg.packed or cfg.paired or cfg.prefetch or cfg.pdl or cfg.early) and kernel is not _moe_down_vec:
+        raise ValueError(f"block_m {bm}: the packed, paired, tiled, pf, pdl and early options are for decode "
+                         "blocks (1-2 pairs) only")
     interpreted = os.environ.get("TRITON_INTERPRET") == "1"  # the interpreter runs no inline PTX
     if (cfg.pdl or cfg.early) and not interpreted and pdl_reason(batch.x.device):
         raise ValueError(f"pdl/early: {pdl_reason(batch.x.device)}")
-    if cfg.cluster and not interpreted and cluster_reason(batch.x.device):
-        raise ValueError(f"cluster: {cluster_reason(batch.x.device)}")
-    # The interpreter runs no inline PTX: there a cluster tiling stores partials and the sum kernel adds them.
-    clustered = cfg.cluster and not interpreted
-    mode = int(os.environ.get("B70_CLUSTER_MODE", "1")) if cfg.cluster else 0  # experiment (run 37)
     sum_block = 256
     sum_grid = (t, triton.cdiv(n, sum_block))
 
     extra = {"maxnreg": cfg.maxnreg} if cfg.maxnreg and not interpreted else {}
     if kernel is _moe_down_vec:
         extra.update(STAGES=cfg.num_stages, PACKED=cfg.packed, HALF=x.dtype == torch.float16, TILED=cfg.tiled,
-                     PAIRED=cfg.paired, PREFETCH=cfg.prefetch, PDL=cfg.pdl, EARLY=cfg.early, CLUSTER=mode)
+                     PAIRED=cfg.paired, PREFETCH=cfg.prefetch, PDL=cfg.pdl, EARLY=cfg.early)
         if cfg.early and not interpreted:
             extra["launch_pdl"] = True
         if cfg.paired and not cfg.packed:
@@ -818,20 +654,12 @@ def prepare(cfg: Config, qweight, scales, group: int, batch, out: torch.Tensor):
 
     sum_pdl = {"PDL": True, "launch_pdl": True} if cfg.pdl and not cfg.fused_reduce and not interpreted else {}
 
-    args = (x, qweight, scales, pair_ids, block_expert, rw, part, out, cnt, p, n, k, n_tiles)
-    kwargs = dict(TOPK=topk, GROUP=group, BLOCK_M=bm, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-                  SPLIT_K=cfg.split_k, FUSED_REDUCE=cfg.fused_reduce,
-                  ASM=not interpreted, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **extra)
-    if clustered:
-        compiled = kernel.warmup(*args, grid=grid, **kwargs)
-        _launch_clustered(compiled, topk, topk * cfg.block_n * 4)
-        grid = (grid[0] // topk, grid[1], grid[2])
-
     def run():
-        launched = kernel[grid](*args, **kwargs)
-        if clustered and launched is not compiled:  # a recompile would launch without the cluster
-            raise RuntimeError("the cluster reduction's compiled kernel was not the one launched")
-        if not cfg.fused_reduce and (not clustered or mode in (3, 4)):
+        kernel[grid](x, qweight, scales, pair_ids, block_expert, rw, part, out, cnt, p, n, k, n_tiles,
+                     TOPK=topk, GROUP=group, BLOCK_M=bm, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+                     SPLIT_K=cfg.split_k, FUSED_REDUCE=cfg.fused_reduce,
+                     ASM=not interpreted, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **extra)
+        if not cfg.fused_reduce:
             _moe_sum[sum_grid](part, out, p, n, TOPK=topk, SPLIT_K=cfg.split_k, BLOCK=sum_block, num_warps=4,
                                **sum_pdl)
         return out

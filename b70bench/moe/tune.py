@@ -144,7 +144,7 @@ def load_tuned(path) -> dict:
     return {key: Config(**r["tiling"]) if "tiling" in r else parse_label(r["config"]) for key, r in best.items()}
 
 
-LABEL = re.compile(r"m(\d+)n(\d+)k(\d+)s(\d+)w(\d+)st(\d+)(sum|fused|cluster)(-packed)?(-paired)?(-tiled)?(?:-r(\d+))?"
+LABEL = re.compile(r"m(\d+)n(\d+)k(\d+)s(\d+)w(\d+)st(\d+)(sum|fused)(-packed)?(-paired)?(-tiled)?(?:-r(\d+))?"
                    r"(-pf)?(-pdl)?(-early)?$")
 
 
@@ -158,8 +158,7 @@ def parse_label(label: str):
     bm, bn, bk, split, warps, stages = map(int, m.groups()[:6])
     return Config(bm, bn, bk, split, warps, stages, fused_reduce=m.group(7) == "fused", packed=m.group(8) is not None,
                   paired=m.group(9) is not None, tiled=m.group(10) is not None, maxnreg=int(m.group(11) or 0),
-                  prefetch=m.group(12) is not None, pdl=m.group(13) is not None, early=m.group(14) is not None,
-                  cluster=m.group(7) == "cluster")
+                  prefetch=m.group(12) is not None, pdl=m.group(13) is not None, early=m.group(14) is not None)
 
 
 def parse_tiling(label: str):
