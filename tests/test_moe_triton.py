@@ -17,7 +17,7 @@ def test_triton_kernels_match_float64_in_interpreter():
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = json.loads(proc.stdout)
-    assert len(rows) == 18
+    assert len(rows) == 19
     for r in rows:
         assert r["ok"], r
         assert r["rel_err"] > 0  # a different summation order than float64: never bit-equal by chance
@@ -74,7 +74,8 @@ def test_sweep_records_a_failing_tiling_and_goes_on(monkeypatch):
 @pytest.mark.parametrize("label", ["m1n32k512s1w2st1sum-packed-paired", "m1n64k128s1w4st1fused-packed-paired-tiled-r96",
                                    "m16n128k128s1w4st3fused", "m2n32k64s2w4st2sum-tiled",
                                    "m1n32k512s1w2st1sum-packed-paired-pf-pdl-early",
-                                   "m1n32k512s1w4st1fused-packed-paired-pf-pdl-early"])
+                                   "m1n32k512s1w4st1fused-packed-paired-pf-pdl-early",
+                                   "m2n64k128s1w2st1sum-packed-paired-mix-pf-pdl-early"])
 def test_tiling_labels_round_trip(label):
     from b70bench.moe import tune
 
@@ -109,6 +110,33 @@ def test_programmatic_dependent_launch_is_asked_for_only_where_it_exists(monkeyp
     with pytest.raises(ValueError, match="pdl/early: programmatic dependent launch is CUDA's"):
         kernels.prepare(kernels.Config(block_m=1, block_n=32, block_k=256, packed=True, pdl=True), w.qweight,
                         w.scales, w.group, batch, out)
+
+
+def test_mixed_blocks_pair_an_experts_pairs_and_leave_the_odd_one_single():
+    import torch
+
+    from b70bench.moe import kernels
+
+    ids = torch.tensor([[3, 5], [3, 1], [3, 5], [7, 1]])  # expert 3: pairs 0, 2, 4; 5: 1, 5; 1: 3, 7; 7: 6
+    (two, two_e), (one, one_e) = kernels.mixed_blocks(ids)
+    assert sorted(two.tolist() + one.tolist()) == list(range(8))
+    assert two.tolist() == [3, 7, 0, 2, 1, 5] and two_e.tolist() == [1, 3, 5]
+    assert one.tolist() == [4, 6] and one_e.tolist() == [3, 7]
+    for b, e in enumerate(two_e.tolist()):
+        assert ids.flatten()[two[2 * b: 2 * b + 2]].tolist() == [e, e]
+
+
+def test_mixed_tiling_needs_two_pair_blocks():
+    import torch
+
+    from b70bench.moe import kernels, shapes
+
+    shape = shapes.MoeShape(hidden=64, intermediate=256, experts=8, topk=2)
+    w = shapes.random_weights(shape, 256, torch.bfloat16, torch.device("cpu"), 0)
+    batch = shapes.random_batch(shape, 256, 3, torch.bfloat16, torch.device("cpu"), 0)
+    with pytest.raises(ValueError, match="needs block_m 2, not 1"):
+        kernels.prepare(kernels.Config(block_m=1, block_n=32, block_k=256, mixed=True), w.qweight, w.scales,
+                        w.group, batch, torch.empty((3, 64), dtype=torch.bfloat16))
 
 
 @pytest.mark.parametrize("k,tokens,label", [

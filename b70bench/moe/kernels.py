@@ -461,11 +461,15 @@ class Config:
     # if that one is launched for it (fused)
     pdl: bool = False
     early: bool = False  # the main kernel launches under the previous kernel, streaming weights before it waits
+    # block_m 2 decode: only experts' pairs of pairs form 2-pair blocks, the leftover single pairs a second launch
+    # with block_m 1, so no block carries a padded pair's products (mixed_blocks)
+    mixed: bool = False
 
     def label(self) -> str:
         red = "fused" if self.fused_reduce else "sum"
         flags = ("-packed" if self.packed else "") + ("-paired" if self.paired else "")
         flags += ("-tiled" if self.tiled else "") + (f"-r{self.maxnreg}" if self.maxnreg else "")
+        flags += "-mix" if self.mixed else ""
         flags += ("-pf" if self.prefetch else "") + ("-pdl" if self.pdl else "") + ("-early" if self.early else "")
         return (f"m{self.block_m}n{self.block_n}k{self.block_k}s{self.split_k}"
                 f"w{self.num_warps}st{self.num_stages}{red}{flags}")
@@ -545,6 +549,26 @@ def group_pairs(ids_cpu: torch.Tensor, block_m: int) -> tuple[torch.Tensor, torc
     return torch.cat(pair_ids), torch.tensor(block_expert, dtype=torch.int32)
 
 
+def mixed_blocks(ids_cpu: torch.Tensor) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
+    """group_pairs for a mixed tiling: (pair ids, block experts) of the 2-pair blocks, each two real
+    pairs of one expert, and of the 1-pair blocks, an expert's odd pair out. Every pair once."""
+    pairs, experts = group_pairs(ids_cpu, 1)
+    pairs, experts = pairs.tolist(), experts.tolist()
+    two, two_e, one, one_e = [], [], [], []
+    i = 0
+    while i < len(pairs):
+        if i + 1 < len(pairs) and experts[i + 1] == experts[i]:
+            two += pairs[i:i + 2]
+            two_e.append(experts[i])
+            i += 2
+        else:
+            one.append(pairs[i])
+            one_e.append(experts[i])
+            i += 1
+    as_ids = lambda v: torch.tensor(v, dtype=torch.int32)  # noqa: E731
+    return (as_ids(two), as_ids(two_e)), (as_ids(one), as_ids(one_e))
+
+
 def check_config(cfg: Config, k: int, group: int) -> None:
     if cfg.block_k % PACK or (cfg.block_k // PACK) & (cfg.block_k // PACK - 1):
         raise ValueError(f"block_k {cfg.block_k} must be {PACK} x a power of two")
@@ -613,23 +637,30 @@ def prepare(cfg: Config, qweight, scales, group: int, batch, out: torch.Tensor):
     p = t * topk
     bm = cfg.block_m or auto_block_m(batch.ids_cpu)
     check_config(cfg, k, group)
-    pair_ids, block_expert = group_pairs(batch.ids_cpu, bm)
     dev = batch.x.device
+    if cfg.mixed:
+        if bm != 2:
+            raise ValueError(f"a mixed tiling (-mix) splits 2-pair blocks from single pairs: it needs block_m 2, "
+                             f"not {bm}")
+        (pair_ids, block_expert), singles = mixed_blocks(batch.ids_cpu)
+        singles = tuple(v.to(dev) for v in singles)
+    else:
+        pair_ids, block_expert = group_pairs(batch.ids_cpu, bm)
     pair_ids, block_expert = pair_ids.to(dev), block_expert.to(dev)
     x = batch.x.reshape(p, k)
     rw = batch.weights.reshape(p).float().contiguous()
     part = torch.full((cfg.split_k, p, n), float("nan"), dtype=torch.float32, device=dev)
     n_tiles = triton.cdiv(n, cfg.block_n)
     cnt = torch.zeros((t, n_tiles), dtype=torch.int32, device=dev)
-    grid = (block_expert.numel(), n_tiles, cfg.split_k)
     if uses_dot(bm, cfg.block_k, group):
         kernel = _moe_down_wide if bm >= WIDE_MIN_M else _moe_down_dot
     elif bm <= 2:
         kernel = _moe_down_vec
     else:
         raise ValueError(f"block_m {bm}: 1 or 2 pairs per block, or 16+ with a {DOT_K}-deep K-block in one group")
-    if (cfg.tiled or cfg.packed or cfg.paired or cfg.prefetch or cfg.pdl or cfg.early) and kernel is not _moe_down_vec:
-        raise ValueError(f"block_m {bm}: the packed, paired, tiled, pf, pdl and early options are for decode "
+    if (cfg.tiled or cfg.packed or cfg.paired or cfg.prefetch or cfg.pdl or cfg.early or cfg.mixed) \
+            and kernel is not _moe_down_vec:
+        raise ValueError(f"block_m {bm}: the packed, paired, tiled, mix, pf, pdl and early options are for decode "
                          "blocks (1-2 pairs) only")
     interpreted = os.environ.get("TRITON_INTERPRET") == "1"  # the interpreter runs no inline PTX
     if (cfg.pdl or cfg.early) and not interpreted and pdl_reason(batch.x.device):
@@ -654,11 +685,18 @@ def prepare(cfg: Config, qweight, scales, group: int, batch, out: torch.Tensor):
 
     sum_pdl = {"PDL": True, "launch_pdl": True} if cfg.pdl and not cfg.fused_reduce and not interpreted else {}
 
+    common = dict(TOPK=topk, GROUP=group, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k,
+                  FUSED_REDUCE=cfg.fused_reduce, ASM=not interpreted, num_warps=cfg.num_warps,
+                  num_stages=cfg.num_stages, **extra)
+    launches = [(pair_ids, block_expert, bm)] + ([(*singles, 1)] if cfg.mixed else [])
+
     def run():
-        kernel[grid](x, qweight, scales, pair_ids, block_expert, rw, part, out, cnt, p, n, k, n_tiles,
-                     TOPK=topk, GROUP=group, BLOCK_M=bm, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-                     SPLIT_K=cfg.split_k, FUSED_REDUCE=cfg.fused_reduce,
-                     ASM=not interpreted, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **extra)
+        # With pdl/early the second (single-pair) launch goes under the first like the first under the
+        # previous kernel: it waits for the whole first grid, so the sum kernel's wait covers both.
+        for ids, experts, block_m in launches:
+            if experts.numel():
+                kernel[(experts.numel(), n_tiles, cfg.split_k)](
+                    x, qweight, scales, ids, experts, rw, part, out, cnt, p, n, k, n_tiles, BLOCK_M=block_m, **common)
         if not cfg.fused_reduce:
             _moe_sum[sum_grid](part, out, p, n, TOPK=topk, SPLIT_K=cfg.split_k, BLOCK=sum_block, num_warps=4,
                                **sum_pdl)
