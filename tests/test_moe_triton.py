@@ -75,7 +75,7 @@ def test_sweep_records_a_failing_tiling_and_goes_on(monkeypatch):
                                    "m16n128k128s1w4st3fused", "m2n32k64s2w4st2sum-tiled",
                                    "m1n32k512s1w2st1sum-packed-paired-pf-pdl-early",
                                    "m1n32k512s1w4st1fused-packed-paired-pf-pdl-early",
-                                   "m2n64k128s1w2st1sum-packed-paired-mix-pf-pdl-early"])
+                                   "m2n32k256s1w2st1sum-packed-paired-pdl-early+m1n64k128s1w2st1sum-packed-paired-pf-pdl-early"])
 def test_tiling_labels_round_trip(label):
     from b70bench.moe import tune
 
@@ -126,7 +126,7 @@ def test_mixed_blocks_pair_an_experts_pairs_and_leave_the_odd_one_single():
         assert ids.flatten()[two[2 * b: 2 * b + 2]].tolist() == [e, e]
 
 
-def test_mixed_tiling_needs_two_pair_blocks():
+def test_mixed_tiling_is_a_two_pair_and_a_one_pair_tiling_that_agree():
     import torch
 
     from b70bench.moe import kernels, shapes
@@ -134,9 +134,14 @@ def test_mixed_tiling_needs_two_pair_blocks():
     shape = shapes.MoeShape(hidden=64, intermediate=256, experts=8, topk=2)
     w = shapes.random_weights(shape, 256, torch.bfloat16, torch.device("cpu"), 0)
     batch = shapes.random_batch(shape, 256, 3, torch.bfloat16, torch.device("cpu"), 0)
-    with pytest.raises(ValueError, match="needs block_m 2, not 1"):
-        kernels.prepare(kernels.Config(block_m=1, block_n=32, block_k=256, mixed=True), w.qweight, w.scales,
-                        w.group, batch, torch.empty((3, 64), dtype=torch.bfloat16))
+    out = torch.empty((3, 64), dtype=torch.bfloat16)
+    one = kernels.Config(block_m=1, block_n=32, block_k=128)
+    with pytest.raises(ValueError, match="not block_m 1 [+] 1"):
+        kernels.prepare(kernels.Config(block_m=1, block_n=32, block_k=256, singles=one), w.qweight, w.scales,
+                        w.group, batch, out)
+    with pytest.raises(ValueError, match="must agree on split-K"):
+        kernels.prepare(kernels.Config(block_m=2, block_n=32, block_k=256, packed=True, singles=one), w.qweight,
+                        w.scales, w.group, batch, out)
 
 
 @pytest.mark.parametrize("k,tokens,label", [

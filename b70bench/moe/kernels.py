@@ -461,18 +461,18 @@ class Config:
     # if that one is launched for it (fused)
     pdl: bool = False
     early: bool = False  # the main kernel launches under the previous kernel, streaming weights before it waits
-    # block_m 2 decode: only experts' pairs of pairs form 2-pair blocks, the leftover single pairs a second launch
-    # with block_m 1, so no block carries a padded pair's products (mixed_blocks)
-    mixed: bool = False
+    # A mixed tiling (block_m 2 decode): only an expert's pairs of pairs form 2-pair blocks; the odd pairs go
+    # to a second launch with this 1-pair tiling, so no block carries a padded pair's products (mixed_blocks).
+    # Label: the two labels joined by "+".
+    singles: "Config | None" = None
 
     def label(self) -> str:
         red = "fused" if self.fused_reduce else "sum"
         flags = ("-packed" if self.packed else "") + ("-paired" if self.paired else "")
         flags += ("-tiled" if self.tiled else "") + (f"-r{self.maxnreg}" if self.maxnreg else "")
-        flags += "-mix" if self.mixed else ""
         flags += ("-pf" if self.prefetch else "") + ("-pdl" if self.pdl else "") + ("-early" if self.early else "")
         return (f"m{self.block_m}n{self.block_n}k{self.block_k}s{self.split_k}"
-                f"w{self.num_warps}st{self.num_stages}{red}{flags}")
+                f"w{self.num_warps}st{self.num_stages}{red}{flags}") + (f"+{self.singles.label()}" if self.singles else "")
 
 
 DOT_MIN_M = 16  # tl.dot needs 16 rows; fewer pairs per block use the elementwise product instead
@@ -569,6 +569,20 @@ def mixed_blocks(ids_cpu: torch.Tensor) -> tuple[tuple[torch.Tensor, torch.Tenso
     return (as_ids(two), as_ids(two_e)), (as_ids(one), as_ids(one_e))
 
 
+def check_mixed(cfg: Config, block_m: int, k: int, group: int) -> None:
+    """A mixed tiling's two launches share the weights' layout, the partials and the sum kernel's launch."""
+    one = cfg.singles
+    check_config(one, k, group)
+    if block_m != 2 or one.block_m != 1 or one.singles is not None:
+        raise ValueError(f"a mixed tiling is a 2-pair tiling + a 1-pair tiling (m2...+m1...), not "
+                         f"block_m {block_m} + {one.block_m}")
+    same = ("split_k", "packed", "paired", "pdl", "early")
+    if any(getattr(cfg, f) != getattr(one, f) for f in same) or cfg.tiled or one.tiled or cfg.fused_reduce \
+            or one.fused_reduce:
+        raise ValueError("the two tilings of a mixed tiling must agree on split-K, -packed, -paired, -pdl and -early, "
+                         "and use the sum reduction without -tiled")
+
+
 def check_config(cfg: Config, k: int, group: int) -> None:
     if cfg.block_k % PACK or (cfg.block_k // PACK) & (cfg.block_k // PACK - 1):
         raise ValueError(f"block_k {cfg.block_k} must be {PACK} x a power of two")
@@ -638,10 +652,8 @@ def prepare(cfg: Config, qweight, scales, group: int, batch, out: torch.Tensor):
     bm = cfg.block_m or auto_block_m(batch.ids_cpu)
     check_config(cfg, k, group)
     dev = batch.x.device
-    if cfg.mixed:
-        if bm != 2:
-            raise ValueError(f"a mixed tiling (-mix) splits 2-pair blocks from single pairs: it needs block_m 2, "
-                             f"not {bm}")
+    if cfg.singles is not None:
+        check_mixed(cfg, bm, k, group)
         (pair_ids, block_expert), singles = mixed_blocks(batch.ids_cpu)
         singles = tuple(v.to(dev) for v in singles)
     else:
@@ -658,9 +670,8 @@ def prepare(cfg: Config, qweight, scales, group: int, batch, out: torch.Tensor):
         kernel = _moe_down_vec
     else:
         raise ValueError(f"block_m {bm}: 1 or 2 pairs per block, or 16+ with a {DOT_K}-deep K-block in one group")
-    if (cfg.tiled or cfg.packed or cfg.paired or cfg.prefetch or cfg.pdl or cfg.early or cfg.mixed) \
-            and kernel is not _moe_down_vec:
-        raise ValueError(f"block_m {bm}: the packed, paired, tiled, mix, pf, pdl and early options are for decode "
+    if (cfg.tiled or cfg.packed or cfg.paired or cfg.prefetch or cfg.pdl or cfg.early) and kernel is not _moe_down_vec:
+        raise ValueError(f"block_m {bm}: the packed, paired, tiled, pf, pdl and early options are for decode "
                          "blocks (1-2 pairs) only")
     interpreted = os.environ.get("TRITON_INTERPRET") == "1"  # the interpreter runs no inline PTX
     if (cfg.pdl or cfg.early) and not interpreted and pdl_reason(batch.x.device):
@@ -668,12 +679,20 @@ def prepare(cfg: Config, qweight, scales, group: int, batch, out: torch.Tensor):
     sum_block = 256
     sum_grid = (t, triton.cdiv(n, sum_block))
 
-    extra = {"maxnreg": cfg.maxnreg} if cfg.maxnreg and not interpreted else {}
+    def options(c: Config, block_m: int) -> dict:
+        opts = dict(TOPK=topk, GROUP=group, BLOCK_M=block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k,
+                    SPLIT_K=c.split_k, FUSED_REDUCE=c.fused_reduce, ASM=not interpreted, num_warps=c.num_warps,
+                    num_stages=c.num_stages)
+        if c.maxnreg and not interpreted:
+            opts["maxnreg"] = c.maxnreg
+        if kernel is _moe_down_vec:
+            opts.update(STAGES=c.num_stages, PACKED=c.packed, HALF=x.dtype == torch.float16, TILED=c.tiled,
+                        PAIRED=c.paired, PREFETCH=c.prefetch, PDL=c.pdl, EARLY=c.early)
+            if c.early and not interpreted:
+                opts["launch_pdl"] = True
+        return opts
+
     if kernel is _moe_down_vec:
-        extra.update(STAGES=cfg.num_stages, PACKED=cfg.packed, HALF=x.dtype == torch.float16, TILED=cfg.tiled,
-                     PAIRED=cfg.paired, PREFETCH=cfg.prefetch, PDL=cfg.pdl, EARLY=cfg.early)
-        if cfg.early and not interpreted:
-            extra["launch_pdl"] = True
         if cfg.paired and not cfg.packed:
             raise ValueError("paired nibbles serve the packed path: add -packed")
         if cfg.paired:
@@ -685,18 +704,17 @@ def prepare(cfg: Config, qweight, scales, group: int, batch, out: torch.Tensor):
 
     sum_pdl = {"PDL": True, "launch_pdl": True} if cfg.pdl and not cfg.fused_reduce and not interpreted else {}
 
-    common = dict(TOPK=topk, GROUP=group, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k,
-                  FUSED_REDUCE=cfg.fused_reduce, ASM=not interpreted, num_warps=cfg.num_warps,
-                  num_stages=cfg.num_stages, **extra)
-    launches = [(pair_ids, block_expert, bm)] + ([(*singles, 1)] if cfg.mixed else [])
+    launches = [(pair_ids, block_expert, triton.cdiv(n, c.block_n), options(c, block_m))
+                for (pair_ids, block_expert), c, block_m in
+                [((pair_ids, block_expert), cfg, bm)] + ([(singles, cfg.singles, 1)] if cfg.singles else [])]
 
     def run():
-        # With pdl/early the second (single-pair) launch goes under the first like the first under the
+        # With pdl/early the singles' launch goes under the 2-pair blocks' launch as that one goes under the
         # previous kernel: it waits for the whole first grid, so the sum kernel's wait covers both.
-        for ids, experts, block_m in launches:
+        for ids, experts, tiles, opts in launches:
             if experts.numel():
-                kernel[(experts.numel(), n_tiles, cfg.split_k)](
-                    x, qweight, scales, ids, experts, rw, part, out, cnt, p, n, k, n_tiles, BLOCK_M=block_m, **common)
+                kernel[(experts.numel(), tiles, cfg.split_k)](
+                    x, qweight, scales, ids, experts, rw, part, out, cnt, p, n, k, tiles, **opts)
         if not cfg.fused_reduce:
             _moe_sum[sum_grid](part, out, p, n, TOPK=topk, SPLIT_K=cfg.split_k, BLOCK=sum_block, num_warps=4,
                                **sum_pdl)

@@ -145,21 +145,26 @@ def load_tuned(path) -> dict:
 
 
 LABEL = re.compile(r"m(\d+)n(\d+)k(\d+)s(\d+)w(\d+)st(\d+)(sum|fused)(-packed)?(-paired)?(-tiled)?(?:-r(\d+))?"
-                   r"(-mix)?(-pf)?(-pdl)?(-early)?$")
+                   r"(-pf)?(-pdl)?(-early)?$")
 
 
 def parse_label(label: str):
-    """Config from its label, e.g. m1n64k128s4w4st3sum (older sweep files carry only this)."""
+    """Config from its label, e.g. m1n64k128s4w4st3sum (older sweep files carry only this); a mixed
+    tiling is its 2-pair and 1-pair labels joined by "+"."""
+    from dataclasses import replace
+
     from b70bench.moe.kernels import Config
 
+    if label.count("+") == 1:
+        pairs, singles = label.split("+")
+        return replace(parse_label(pairs), singles=parse_label(singles))
     m = LABEL.match(label)
     if not m:
         raise ValueError(f"not a tiling label: {label!r}")
     bm, bn, bk, split, warps, stages = map(int, m.groups()[:6])
     return Config(bm, bn, bk, split, warps, stages, fused_reduce=m.group(7) == "fused", packed=m.group(8) is not None,
                   paired=m.group(9) is not None, tiled=m.group(10) is not None, maxnreg=int(m.group(11) or 0),
-                  mixed=m.group(12) is not None, prefetch=m.group(13) is not None, pdl=m.group(14) is not None,
-                  early=m.group(15) is not None)
+                  prefetch=m.group(12) is not None, pdl=m.group(13) is not None, early=m.group(14) is not None)
 
 
 def parse_tiling(label: str):
@@ -171,7 +176,8 @@ def parse_tiling(label: str):
     except ValueError:
         raise UsageError(f"--tilings: {label!r} is not a tiling label; write it as the sweep prints it, "
                          "e.g. m1n32k512s1w4st1sum-packed-paired-pf-pdl-early, flags in the order "
-                         "-packed -paired -tiled -rN -mix -pf -pdl -early") from None
+                         "-packed -paired -tiled -rN -pf -pdl -early; a mixed tiling joins a 2-pair and a "
+                         "1-pair label with +") from None
 
 
 def shape_k(row: dict) -> int:
