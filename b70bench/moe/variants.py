@@ -160,7 +160,8 @@ class TritonVariant:
     second kernel sums the top-k partials. `triton-htile`: finer tiles along N. Decode (1-2 pairs
     per expert): one pair per block; one token 32-wide N-tiles of 4 warps, K-blocks of up to 512
     (16-wide, 2 warps, no prefetch where K needs several; the same 32x512 tiles for 2-4 tokens there);
-    more tokens 64-wide tiles of 2 warps, 128 deep; the next K-block prefetched, packed 16x2
+    more tokens 64-wide tiles of 2 warps, 128 deep, and where those share experts over a deep K, 2-pair
+    blocks of an expert's pairs of pairs (a mixed tiling); the next K-block prefetched, packed 16x2
     dequant on paired nibbles, second-kernel sum, and on CUDA sm_90+ programmatic dependent launch
     (pdl, early); dot blocks: 32-wide N-tiles, split-K until the grid fills the
     device several times over, the top-k/split sum done in-kernel by the last arrival.
@@ -197,7 +198,8 @@ class TritonVariant:
             # runs 6-31): one token takes K-blocks of up to 512 per load, 32-wide tiles of 4 warps, or
             # where K needs several such blocks (TP1) 16-wide tiles of 2 warps without the prefetch;
             # 2-4 tokens over several blocks the same 32x512x4 tiles; more tokens (or a short K) 64-wide
-            # tiles of 2 warps looping over 128-deep blocks. All but the 16-wide tiles hold the next
+            # tiles of 2 warps looping over 128-deep blocks (mixed with 2-pair blocks, below). All but the 16-wide
+            # tiles and the 2-pair blocks hold the next
             # block's words in registers (pf); all use the packed dequant on paired nibbles and, on
             # Hopper+, programmatic dependent launch (pdl: the sum kernel under the main kernel; early:
             # the main kernel under the previous one). Run 30: TP1 tokens 1/4/16 8.50/25.66/84.27 us,
@@ -214,6 +216,13 @@ class TritonVariant:
             cfg = kernels.Config(block_m=1, block_n=bn, block_k=bk, num_warps=warps, num_stages=1,
                                  fused_reduce=False, packed=packed, paired=packed, prefetch=prefetch, pdl=pdl,
                                  early=pdl)
+            flat = batch.ids_cpu.flatten()
+            if batch.tokens > 4 and k > 512 and flat.numel() >= 1.5 * flat.unique().numel():
+                # Where experts are shared (16 tokens: 128 pairs on ~74 experts) and K is deep, the products
+                # bound the time, not the bytes: an expert's pairs of pairs share one dequantization in 2-pair
+                # blocks, the odd pairs keep this tiling (runs 39-40: TP1 tokens 16 77.5-78.2 vs 83.3-83.6 us;
+                # TP4 tokens 16 ties, tokens 4 slower).
+                cfg = replace(cfg, block_m=2, prefetch=False, singles=cfg)
             return replace(cfg, **self.overrides)
         bn = 32
         n_blocks = sum(-(-c // bm) for c in torch.bincount(batch.ids_cpu.flatten()).tolist() if c)
