@@ -28,6 +28,7 @@ def configs(k: int, group: int, auto_bm: int, n: int = 3072, blocks: dict | None
     first, the in-kernel reduction before the second launch. `blocks` maps block_m to the number
     of expert blocks of the probe routing."""
     import math
+    from dataclasses import replace
 
     from b70bench.moe.kernels import DOT_MIN_M, Config, fit_block_k
 
@@ -39,6 +40,11 @@ def configs(k: int, group: int, auto_bm: int, n: int = 3072, blocks: dict | None
             for pf in (True, False):
                 seeds.append(Config(block_m=1, block_n=bn, block_k=bk, num_warps=warps, num_stages=1,
                                     packed=True, paired=True, prefetch=pf, pdl=pdl, early=pdl))
+    if auto_bm == 2:  # shared experts: mixed tilings (2-pair blocks of pairs of pairs + these singles; run 40)
+        one = Config(block_m=1, block_n=64, block_k=128, num_warps=2, num_stages=1, packed=True, paired=True,
+                     prefetch=True, pdl=pdl, early=pdl)
+        for bn, bk in ((64, 128), (32, 256)):
+            seeds.append(replace(one, block_m=2, block_n=bn, block_k=bk, prefetch=False, singles=one))
     cands = []
     for bm, bn, warps, split, fused, packed, stages in itertools.product(
             bms, (128, 64, 256), (4, 8), (1, 2, 3, 4, 6, 8), (True, False), (True, False), (3, 1, 4)):
