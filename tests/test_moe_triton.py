@@ -148,10 +148,10 @@ def test_mixed_tiling_is_a_two_pair_and_a_one_pair_tiling_that_agree():
     (1536, 1, "m1n16k512s1w2st1sum-packed-paired"),  # several K-blocks: narrow tiles, no prefetch
     (384, 1, "m1n32k512s1w4st1sum-packed-paired-pf"),  # one (masked) K-block
     (1536, 4, "m1n32k512s1w4st1sum-packed-paired-pf"),
-    # shared experts and a deep K: 2-pair blocks of an expert's pairs of pairs, the odd pairs as above
+    # shared experts: 2-pair blocks of an expert's pairs of pairs, the odd pairs as below
     (1536, 16, "m2n64k128s1w2st1sum-packed-paired+m1n64k128s1w2st1sum-packed-paired-pf"),
     (384, 4, "m1n64k128s1w2st1sum-packed-paired-pf"),
-    (384, 16, "m1n64k128s1w2st1sum-packed-paired-pf"),
+    (384, 16, "m2n64k128s1w2st1sum-packed-paired+m1n64k128s1w2st1sum-packed-paired-pf"),
 ])
 def test_htile_decode_policy_follows_the_h200_sweeps(k, tokens, label):
     """The decode tilings results/moe-down-h200.md measured fastest (here without PDL: a CPU batch)."""

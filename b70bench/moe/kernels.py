@@ -18,8 +18,10 @@ Decode options (Config): `packed` (16x2 dequant and products per word, _word_dot
 (weights N-tile-major), `maxnreg`, K-blocks deeper than the split (masked), `prefetch` (the next
 K-block's words in registers), and on Hopper+ programmatic dependent launch: `pdl` (the sum
 kernel launched under the main kernel, letting what follows launch before it waits) and `early`
-(the main kernel launched under the previous one, its weights streamed before it waits). What
-each bought on the H200: results/moe-down-h200.md.
+(the main kernel launched under the previous one, its weights streamed before it waits). A mixed
+tiling (`singles`) puts only an expert's pairs of pairs in 2-pair blocks and the odd pairs in a
+second launch with a 1-pair tiling, the two running at the same time (LAUNCH). What each bought on
+the H200: results/moe-down-h200.md.
 Blocks of 16 pairs take one tensor-core dot per nibble plane. Blocks of 32+ pairs (prefill)
 do interleave: one dot over the whole K-block, which at that size is cheaper than the eight
 K=16 plane dots it replaces (each goes through shared memory; 2-2.4x slower at 512 tokens).
@@ -260,11 +262,17 @@ def _moe_down_vec(x_ptr, qw_ptr, sc_ptr, pair_ptr, blk_expert_ptr, rw_ptr, part_
                   TOPK: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                   BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, FUSED_REDUCE: tl.constexpr, ASM: tl.constexpr,
                   STAGES: tl.constexpr, PACKED: tl.constexpr, HALF: tl.constexpr, TILED: tl.constexpr,
-                  PAIRED: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr, EARLY: tl.constexpr):
+                  PAIRED: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr, EARLY: tl.constexpr,
+                  LAUNCH: tl.constexpr = 0):
     """Decode: 1 or 2 pairs per block. Each pair accumulates scaled products in a
     [BLOCK_K/8, BLOCK_N] fp32 tile laid out like the loaded words (2D, so every op keeps the
-    load's layout); the word rows are summed once, after the K loop."""
-    if PDL and ASM:
+    load's layout); the word rows are summed once, after the K loop.
+
+    LAUNCH (with PDL and EARLY): 0 alone; 1 and 2 the two launches of a mixed tiling, run at the same
+    time. 1 lets the next launch start only after its own wait, when the activations are ready; 2,
+    launched under it, so reads them without a wait, and waits for the first grid before it ends, so
+    that whatever waits for it (the sum kernel) also waits for both."""
+    if PDL and ASM and LAUNCH != 1:
         # What follows may launch now (the sum kernel; with FUSED_REDUCE the next kernel, if it is
         # launched for it); it waits (gdc_wait) for this whole grid before reading what it wrote.
         tl.extra.cuda.gdc_launch_dependents()
@@ -308,8 +316,10 @@ def _moe_down_vec(x_ptr, qw_ptr, sc_ptr, pair_ptr, blk_expert_ptr, rw_ptr, part_
         # the activations and the partials are, so they wait. PREFETCH holds the next K-block's
         # words in registers while this one's products are computed.
         q, s = _block_weights(qw_base, sc_base, k_lo, k_end, rows, w_cols, n_ok, w_stride, GROUP)
-        if EARLY and ASM:
+        if EARLY and ASM and LAUNCH != 2:
             tl.extra.cuda.gdc_wait()
+        if PDL and ASM and LAUNCH == 1:
+            tl.extra.cuda.gdc_launch_dependents()
         for kk in range(0, k_per, BLOCK_K):
             k0 = k_lo + kk
             if PREFETCH:
@@ -336,6 +346,8 @@ def _moe_down_vec(x_ptr, qw_ptr, sc_ptr, pair_ptr, blk_expert_ptr, rw_ptr, part_
     if BLOCK_M == 2:
         res1 = tl.sum(acc1, axis=0) * tl.load(rw_ptr + p1, mask=p1 < P, other=0.0)
         tl.store(part + p1.to(tl.int64) * N, res1, mask=n_ok & ((offs_n * 0 + p1) < P))
+    if LAUNCH == 2 and ASM:
+        tl.extra.cuda.gdc_wait()
     if FUSED_REDUCE:
         pairs = tl.load(pair_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
         _reduce_tokens(pairs, pairs < P, offs_n, n_ok, pid_n, part_ptr, out_ptr, cnt_ptr, P, N, n_tiles,
@@ -707,10 +719,12 @@ def prepare(cfg: Config, qweight, scales, group: int, batch, out: torch.Tensor):
     launches = [(pair_ids, block_expert, triton.cdiv(n, c.block_n), options(c, block_m))
                 for (pair_ids, block_expert), c, block_m in
                 [((pair_ids, block_expert), cfg, bm)] + ([(singles, cfg.singles, 1)] if cfg.singles else [])]
+    if cfg.singles and cfg.pdl and cfg.early and not interpreted and pair_ids.numel() and singles[0].numel():
+        # The two launches run at the same time: the singles fill the SMs the 2-pair blocks' last wave
+        # leaves idle (H200 run 42: TP1 tokens 16 73.1-73.3 vs 77.5-78.0 us one after the other).
+        launches[0][3]["LAUNCH"], launches[1][3]["LAUNCH"] = 1, 2
 
     def run():
-        # With pdl/early the singles' launch goes under the 2-pair blocks' launch as that one goes under the
-        # previous kernel: it waits for the whole first grid, so the sum kernel's wait covers both.
         for ids, experts, tiles, opts in launches:
             if experts.numel():
                 kernel[(experts.numel(), tiles, cfg.split_k)](

@@ -160,8 +160,8 @@ class TritonVariant:
     second kernel sums the top-k partials. `triton-htile`: finer tiles along N. Decode (1-2 pairs
     per expert): one pair per block; one token 32-wide N-tiles of 4 warps, K-blocks of up to 512
     (16-wide, 2 warps, no prefetch where K needs several; the same 32x512 tiles for 2-4 tokens there);
-    more tokens 64-wide tiles of 2 warps, 128 deep, and where those share experts over a deep K, 2-pair
-    blocks of an expert's pairs of pairs (a mixed tiling); the next K-block prefetched, packed 16x2
+    more tokens 64-wide tiles of 2 warps, 128 deep, and where those share experts, 2-pair blocks of
+    an expert's pairs of pairs (a mixed tiling); the next K-block prefetched, packed 16x2
     dequant on paired nibbles, second-kernel sum, and on CUDA sm_90+ programmatic dependent launch
     (pdl, early); dot blocks: 32-wide N-tiles, split-K until the grid fills the
     device several times over, the top-k/split sum done in-kernel by the last arrival.
@@ -217,11 +217,12 @@ class TritonVariant:
                                  fused_reduce=False, packed=packed, paired=packed, prefetch=prefetch, pdl=pdl,
                                  early=pdl)
             flat = batch.ids_cpu.flatten()
-            if batch.tokens > 4 and k > 512 and flat.numel() >= 1.5 * flat.unique().numel():
-                # Where experts are shared (16 tokens: 128 pairs on ~74 experts) and K is deep, the products
-                # bound the time, not the bytes: an expert's pairs of pairs share one dequantization in 2-pair
-                # blocks, the odd pairs keep this tiling (runs 39-40: TP1 tokens 16 77.5-78.2 vs 83.3-83.6 us;
-                # TP4 tokens 16 ties, tokens 4 slower).
+            if batch.tokens > 4 and flat.numel() >= 1.5 * flat.unique().numel():
+                # Where experts are shared (16 tokens: 128 pairs on ~74 experts) the products bound the
+                # time, not the bytes: an expert's pairs of pairs share one dequantization in 2-pair blocks,
+                # the odd pairs keep this tiling in a second launch running at the same time (with PDL).
+                # Run 42: TP1 tokens 16 73.1-73.3 vs 83.9-84.3 us, TP4 23.2-23.3 vs 25.0-25.2 us; at 4 tokens
+                # (few shared experts) mixing was slower (run 40).
                 cfg = replace(cfg, block_m=2, prefetch=False, singles=cfg)
             return replace(cfg, **self.overrides)
         bn = 32
