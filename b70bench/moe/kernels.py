@@ -476,15 +476,16 @@ class Config:
     # A mixed tiling (block_m 2 decode): only an expert's pairs of pairs form 2-pair blocks; the odd pairs go
     # to a second launch with this 1-pair tiling, so no block carries a padded pair's products (mixed_blocks).
     # Label: the two labels joined by "+".
-    singles: "Config | None" = None
+    singles: Config | None = None
 
     def label(self) -> str:
         red = "fused" if self.fused_reduce else "sum"
         flags = ("-packed" if self.packed else "") + ("-paired" if self.paired else "")
         flags += ("-tiled" if self.tiled else "") + (f"-r{self.maxnreg}" if self.maxnreg else "")
         flags += ("-pf" if self.prefetch else "") + ("-pdl" if self.pdl else "") + ("-early" if self.early else "")
-        return (f"m{self.block_m}n{self.block_n}k{self.block_k}s{self.split_k}"
-                f"w{self.num_warps}st{self.num_stages}{red}{flags}") + (f"+{self.singles.label()}" if self.singles else "")
+        own = (f"m{self.block_m}n{self.block_n}k{self.block_k}s{self.split_k}"
+               f"w{self.num_warps}st{self.num_stages}{red}{flags}")
+        return own + (f"+{self.singles.label()}" if self.singles else "")
 
 
 DOT_MIN_M = 16  # tl.dot needs 16 rows; fewer pairs per block use the elementwise product instead
