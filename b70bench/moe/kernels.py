@@ -717,9 +717,8 @@ def prepare(cfg: Config, qweight, scales, group: int, batch, out: torch.Tensor):
 
     sum_pdl = {"PDL": True, "launch_pdl": True} if cfg.pdl and not cfg.fused_reduce and not interpreted else {}
 
-    launches = [(pair_ids, block_expert, triton.cdiv(n, c.block_n), options(c, block_m))
-                for (pair_ids, block_expert), c, block_m in
-                [((pair_ids, block_expert), cfg, bm)] + ([(singles, cfg.singles, 1)] if cfg.singles else [])]
+    parts = [(pair_ids, block_expert, cfg, bm)] + ([(*singles, cfg.singles, 1)] if cfg.singles else [])
+    launches = [(ids, experts, triton.cdiv(n, c.block_n), options(c, m)) for ids, experts, c, m in parts]
     if cfg.singles and cfg.pdl and cfg.early and not interpreted and pair_ids.numel() and singles[0].numel():
         # The two launches run at the same time: the singles fill the SMs the 2-pair blocks' last wave
         # leaves idle (H200 run 42: TP1 tokens 16 73.1-73.3 vs 77.5-78.0 us one after the other).

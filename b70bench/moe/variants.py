@@ -198,12 +198,11 @@ class TritonVariant:
             # runs 6-31): one token takes K-blocks of up to 512 per load, 32-wide tiles of 4 warps, or
             # where K needs several such blocks (TP1) 16-wide tiles of 2 warps without the prefetch;
             # 2-4 tokens over several blocks the same 32x512x4 tiles; more tokens (or a short K) 64-wide
-            # tiles of 2 warps looping over 128-deep blocks (mixed with 2-pair blocks, below). All but the 16-wide
-            # tiles and the 2-pair blocks hold the next
-            # block's words in registers (pf); all use the packed dequant on paired nibbles and, on
-            # Hopper+, programmatic dependent launch (pdl: the sum kernel under the main kernel; early:
-            # the main kernel under the previous one). Run 30: TP1 tokens 1/4/16 8.50/25.66/84.27 us,
-            # TP4 4.32/9.11/29.55 us.
+            # tiles of 2 warps looping over 128-deep blocks (mixed with 2-pair blocks, below). All but the
+            # 16-wide tiles and the 2-pair blocks hold the next block's words in registers (pf); all use
+            # the packed dequant on paired nibbles and, on Hopper+, programmatic dependent launch (pdl: the
+            # sum kernel under the main kernel; early: the main kernel under the previous one). Run 43:
+            # TP1 tokens 1/4/16 8.63/25.90/72.49 us, TP4 4.36/9.12/28.34 us.
             packed = batch.x.dtype in (torch.float16, torch.bfloat16)
             prefetch = True
             if batch.tokens == 1 and k > 512:
