@@ -14,7 +14,8 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[$(EXTRAS)]'
+	# The wheels are large (vllm, torch, triton): resume interrupted downloads rather than fail the set-up.
+	$(PY) -m pip install -q --retries 10 --resume-retries 20 -e '.[$(EXTRAS)]'
 	$(PY) -m b70bench.envfix
 	case ',$(EXTRAS),' in *,cpu,*) sh scripts/install-cpu-libs.sh ;; esac
 	touch $@
