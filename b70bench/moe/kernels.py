@@ -692,7 +692,7 @@ def prepare(cfg: Config, qweight, scales, group: int, batch, out: torch.Tensor):
     sum_block = 256
     sum_grid = (t, triton.cdiv(n, sum_block))
 
-    def options(c: Config, block_m: int) -> dict:
+    def options(c: Config, block_m: int, launch: int) -> dict:
         opts = dict(TOPK=topk, GROUP=group, BLOCK_M=block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k,
                     SPLIT_K=c.split_k, FUSED_REDUCE=c.fused_reduce, ASM=not interpreted, num_warps=c.num_warps,
                     num_stages=c.num_stages)
@@ -700,7 +700,7 @@ def prepare(cfg: Config, qweight, scales, group: int, batch, out: torch.Tensor):
             opts["maxnreg"] = c.maxnreg
         if kernel is _moe_down_vec:
             opts.update(STAGES=c.num_stages, PACKED=c.packed, HALF=x.dtype == torch.float16, TILED=c.tiled,
-                        PAIRED=c.paired, PREFETCH=c.prefetch, PDL=c.pdl, EARLY=c.early)
+                        PAIRED=c.paired, PREFETCH=c.prefetch, PDL=c.pdl, EARLY=c.early, LAUNCH=launch)
             if c.early and not interpreted:
                 opts["launch_pdl"] = True
         return opts
@@ -717,12 +717,16 @@ def prepare(cfg: Config, qweight, scales, group: int, batch, out: torch.Tensor):
 
     sum_pdl = {"PDL": True, "launch_pdl": True} if cfg.pdl and not cfg.fused_reduce and not interpreted else {}
 
-    parts = [(pair_ids, block_expert, cfg, bm)] + ([(*singles, cfg.singles, 1)] if cfg.singles else [])
-    launches = [(ids, experts, triton.cdiv(n, c.block_n), options(c, m)) for ids, experts, c, m in parts]
-    if cfg.singles and cfg.pdl and cfg.early and not interpreted and pair_ids.numel() and singles[0].numel():
-        # The two launches run at the same time: the singles fill the SMs the 2-pair blocks' last wave
-        # leaves idle (H200 run 42: TP1 tokens 16 73.1-73.3 vs 77.5-78.0 us one after the other).
-        launches[0][3]["LAUNCH"], launches[1][3]["LAUNCH"] = 1, 2
+    # A mixed tiling's two launches run at the same time (LAUNCH 1 and 2) where both have blocks: the singles
+    # fill the SMs the 2-pair blocks' last wave leaves idle (H200 run 42: TP1 tokens 16 73.1-73.3 vs 77.5-78.0 us
+    # one after the other).
+    concurrent = bool(cfg.singles and cfg.pdl and cfg.early and not interpreted and pair_ids.numel()
+                      and singles[0].numel())
+    parts = [(pair_ids, block_expert, cfg, bm, 1 if concurrent else 0)]
+    if cfg.singles:
+        parts.append((*singles, cfg.singles, 1, 2 if concurrent else 0))
+    launches = [(ids, experts, triton.cdiv(n, c.block_n), options(c, m, launch))
+                for ids, experts, c, m, launch in parts]
 
     def run():
         for ids, experts, tiles, opts in launches:

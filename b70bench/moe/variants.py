@@ -215,8 +215,7 @@ class TritonVariant:
             cfg = kernels.Config(block_m=1, block_n=bn, block_k=bk, num_warps=warps, num_stages=1,
                                  fused_reduce=False, packed=packed, paired=packed, prefetch=prefetch, pdl=pdl,
                                  early=pdl)
-            flat = batch.ids_cpu.flatten()
-            if batch.tokens > 4 and flat.numel() >= 1.5 * flat.unique().numel():
+            if batch.tokens > 4 and batch.ids_cpu.numel() >= 1.5 * batch.experts_hit:
                 # Where experts are shared (16 tokens: 128 pairs on ~74 experts) the products bound the
                 # time, not the bytes: an expert's pairs of pairs share one dequantization in 2-pair blocks,
                 # the odd pairs keep this tiling in a second launch running at the same time (with PDL).
