@@ -50,6 +50,12 @@ cases = [
     ("bf16", 9, C(block_m=2, block_n=32, block_k=512, packed=True, paired=True, pdl=True, early=True,
                   singles=C(block_m=1, block_n=64, block_k=128, packed=True, paired=True, prefetch=True, pdl=True,
                             early=True))),
+    # -dq: the first K-block dequantized before the wait, later ones as usual (with and without prefetch)
+    ("bf16", 3, C(block_m=2, block_n=32, block_k=64, packed=True, paired=True, prefetch=True, pdl=True, early=True,
+                  dequant_early=True)),
+    ("fp16", 1, C(block_m=1, block_n=32, block_k=512, packed=True, paired=True, early=True, dequant_early=True)),
+    ("fp16", 3, C(block_m=1, block_n=16, block_k=64, split_k=2, packed=True, paired=True, early=True,
+                  dequant_early=True)),
 ]
 out = []
 for i, (dt, tokens, cfg) in enumerate(cases):

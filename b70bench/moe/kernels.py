@@ -172,6 +172,90 @@ def _pair_term(q, xp, J: tl.constexpr, HALF: tl.constexpr):
     return lo + (((q >> (4 * J + 16)) & 15) - 8).to(tl.float32) * _unpair(xp, HALF, True)
 
 
+# Split of _WORD_DOT_* for -dq: the dequantization (four 16x2 registers of nibble - 8 per word) runs
+# before the wait, on weights only; the products after it, on the activations.
+_DEQUANT_BF16 = tl.constexpr("""{
+.reg .b32 t, one, off;
+mov.b32 one, 0x3F803F80; mov.b32 off, 0xC308C308;
+lop3.b32 $0, $4, 0x000F000F, 0x43004300, 0xEA;
+shr.u32 t, $4, 4; lop3.b32 $1, t, 0x000F000F, 0x43004300, 0xEA;
+shr.u32 t, $4, 8; lop3.b32 $2, t, 0x000F000F, 0x43004300, 0xEA;
+shr.u32 t, $4, 12; lop3.b32 $3, t, 0x000F000F, 0x43004300, 0xEA;
+fma.rn.bf16x2 $0, $0, one, off; fma.rn.bf16x2 $1, $1, one, off;
+fma.rn.bf16x2 $2, $2, one, off; fma.rn.bf16x2 $3, $3, one, off;
+}""")
+_DEQUANT_FP16 = tl.constexpr("""{
+.reg .b32 t, one, off, sixt, off16;
+mov.b32 one, 0x3C003C00; mov.b32 off, 0xE408E408; mov.b32 sixt, 0x2C002C00; mov.b32 off16, 0xD480D480;
+lop3.b32 $0, $4, 0x000F000F, 0x64006400, 0xEA; lop3.b32 $1, $4, 0x00F000F0, 0x64006400, 0xEA;
+shr.u32 t, $4, 8;
+lop3.b32 $2, t, 0x000F000F, 0x64006400, 0xEA; lop3.b32 $3, t, 0x00F000F0, 0x64006400, 0xEA;
+fma.rn.f16x2 $0, $0, one, off; fma.rn.f16x2 $1, $1, sixt, off16;
+fma.rn.f16x2 $2, $2, one, off; fma.rn.f16x2 $3, $3, sixt, off16;
+}""")
+_DQ_DOT_BF16 = tl.constexpr("""{
+.reg .b32 t, a, nz;
+mov.b32 nz, 0x80008000;
+fma.rn.bf16x2 a, $1, $5, nz; fma.rn.bf16x2 a, $2, $6, a;
+fma.rn.bf16x2 a, $3, $7, a; fma.rn.bf16x2 a, $4, $8, a;
+shl.b32 t, a, 16; and.b32 a, a, 0xFFFF0000;
+add.f32 $0, t, a;
+}""")
+_DQ_DOT_FP16 = tl.constexpr("""{
+.reg .b32 a, nz; .reg .f16 lo, hi; .reg .f32 flo, fhi;
+mov.b32 nz, 0x80008000;
+fma.rn.f16x2 a, $1, $5, nz; fma.rn.f16x2 a, $3, $7, a;
+fma.rn.f16x2 a, $2, $6, a; fma.rn.f16x2 a, $4, $8, a;
+mov.b32 {lo, hi}, a; cvt.f32.f16 flo, lo; cvt.f32.f16 fhi, hi;
+add.f32 $0, flo, fhi;
+}""")
+
+
+@triton.jit
+def _dequant(q, HALF: tl.constexpr, ASM: tl.constexpr):
+    """A word's eight nibbles - 8 as four 32-bit registers of two 16-bit values: register J holds
+    nibbles J and J+4, the halves x pair J meets. The interpreter keeps them as int16 halves."""
+    if ASM:
+        if HALF:
+            w = tl.inline_asm_elementwise(_DEQUANT_FP16, "=r,=r,=r,=r,r", [q],
+                                          dtype=(tl.int32, tl.int32, tl.int32, tl.int32), is_pure=False, pack=1)
+        else:
+            w = tl.inline_asm_elementwise(_DEQUANT_BF16, "=r,=r,=r,=r,r", [q],
+                                          dtype=(tl.int32, tl.int32, tl.int32, tl.int32), is_pure=False, pack=1)
+        w0, w1, w2, w3 = w
+    else:
+        w0 = (((q >> 16) & 15) - 8) << 16 | ((q & 15) - 8) & 0xFFFF
+        w1 = (((q >> 20) & 15) - 8) << 16 | (((q >> 4) & 15) - 8) & 0xFFFF
+        w2 = (((q >> 24) & 15) - 8) << 16 | (((q >> 8) & 15) - 8) & 0xFFFF
+        w3 = (((q >> 28) & 15) - 8) << 16 | (((q >> 12) & 15) - 8) & 0xFFFF
+    return w0, w1, w2, w3
+
+
+@triton.jit
+def _dq_term(w, xp, HALF: tl.constexpr):
+    lo = ((w << 16) >> 16).to(tl.float32) * _unpair(xp, HALF, False)
+    return lo + (w >> 16).to(tl.float32) * _unpair(xp, HALF, True)
+
+
+@triton.jit
+def _dq_dot(w0, w1, w2, w3, xp0, xp1, xp2, xp3, HALF: tl.constexpr, ASM: tl.constexpr):
+    """_word_dot on dequantized words (_dequant): four 16x2 FMAs and the halves' fp32 sum."""
+    a1, _ = tl.broadcast(xp0[:, None], w0)
+    a2, _ = tl.broadcast(xp1[:, None], w0)
+    a3, _ = tl.broadcast(xp2[:, None], w0)
+    a4, _ = tl.broadcast(xp3[:, None], w0)
+    if ASM:
+        if HALF:
+            res = tl.inline_asm_elementwise(_DQ_DOT_FP16, "=r,r,r,r,r,r,r,r,r", [w0, w1, w2, w3, a1, a2, a3, a4],
+                                            dtype=tl.float32, is_pure=True, pack=1)
+        else:
+            res = tl.inline_asm_elementwise(_DQ_DOT_BF16, "=r,r,r,r,r,r,r,r,r", [w0, w1, w2, w3, a1, a2, a3, a4],
+                                            dtype=tl.float32, is_pure=True, pack=1)
+    else:
+        res = _dq_term(w0, a1, HALF) + _dq_term(w1, a2, HALF) + _dq_term(w2, a3, HALF) + _dq_term(w3, a4, HALF)
+    return res
+
+
 @triton.jit
 def _reduce_tokens(pairs, m_ok, offs_n, n_ok, pid_n, part_ptr, out_ptr, cnt_ptr, P, N, n_tiles,
                    TOPK: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
@@ -257,13 +341,22 @@ def _block_products(q, s, x_row, p, k0, k_end, rows, P, PACKED: tl.constexpr, PA
 
 
 @triton.jit
+def _dq_products(w0, w1, w2, w3, s, x_row, p, k0, k_end, rows, P, HALF: tl.constexpr, ASM: tl.constexpr):
+    """_block_products for a K-block dequantized before the wait (-dq; paired words)."""
+    cols = k0 + rows * PACK_C
+    ok = (cols < k_end) & ((rows * 0 + p) < P)
+    return _dq_dot(w0, w1, w2, w3, _x_pair_adjacent(x_row, cols, ok, 0), _x_pair_adjacent(x_row, cols, ok, 1),
+                   _x_pair_adjacent(x_row, cols, ok, 2), _x_pair_adjacent(x_row, cols, ok, 3), HALF, ASM) * s
+
+
+@triton.jit
 def _moe_down_vec(x_ptr, qw_ptr, sc_ptr, pair_ptr, blk_expert_ptr, rw_ptr, part_ptr, out_ptr, cnt_ptr,
                   P, N, K, n_tiles,
                   TOPK: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                   BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, FUSED_REDUCE: tl.constexpr, ASM: tl.constexpr,
                   STAGES: tl.constexpr, PACKED: tl.constexpr, HALF: tl.constexpr, TILED: tl.constexpr,
                   PAIRED: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr, EARLY: tl.constexpr,
-                  LAUNCH: tl.constexpr = 0):
+                  LAUNCH: tl.constexpr = 0, DQ: tl.constexpr = False):
     """Decode: 1 or 2 pairs per block. Each pair accumulates scaled products in a
     [BLOCK_K/8, BLOCK_N] fp32 tile laid out like the loaded words (2D, so every op keeps the
     load's layout); the word rows are summed once, after the K loop.
@@ -309,7 +402,41 @@ def _moe_down_vec(x_ptr, qw_ptr, sc_ptr, pair_ptr, blk_expert_ptr, rw_ptr, part_
     # A K-block deeper than the split (BLOCK_K > k_per, e.g. 512 for TP4's 384) is one masked
     # iteration: the whole split's loads are issued at once, which a loop of dependent K-blocks
     # cannot do (decode rows are bound by the bytes each SM has in flight; results/moe-down-h200.md).
-    if EARLY or PREFETCH:
+    if DQ:
+        # -dq: the first K-block is also dequantized before the wait, so that after it only the products
+        # remain of it (the part that needs the activations). Later K-blocks as below.
+        q, s = _block_weights(qw_base, sc_base, k_lo, k_end, rows, w_cols, n_ok, w_stride, GROUP)
+        w0, w1, w2, w3 = _dequant(q, HALF, ASM)
+        if EARLY and ASM and LAUNCH != 2:
+            # ptxas sinks pure arithmetic past the wait (it shortens live ranges); a branch on a value made
+            # from every dequantized register keeps them before it. Both arms wait.
+            v = tl.max(tl.max(w0 | w1 | w2 | w3, axis=1), axis=0)
+            if v == 0x12345:
+                tl.inline_asm_elementwise("griddepcontrol.wait; // a", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
+            else:
+                tl.extra.cuda.gdc_wait()
+        if PDL and ASM and LAUNCH == 1:
+            tl.extra.cuda.gdc_launch_dependents()
+        if PREFETCH:
+            q, s_next = _block_weights(qw_base, sc_base, k_lo + BLOCK_K, k_end, rows, w_cols, n_ok, w_stride, GROUP)
+        acc0 += _dq_products(w0, w1, w2, w3, s, x0, p0, k_lo, k_end, rows, P, HALF, ASM)
+        if BLOCK_M == 2:
+            acc1 += _dq_products(w0, w1, w2, w3, s, x1, p1, k_lo, k_end, rows, P, HALF, ASM)
+        if PREFETCH:
+            s = s_next
+        for kk in range(BLOCK_K, k_per, BLOCK_K):
+            k0 = k_lo + kk
+            if PREFETCH:
+                q_next, s_next = _block_weights(qw_base, sc_base, k0 + BLOCK_K, k_end, rows, w_cols, n_ok,
+                                                w_stride, GROUP)
+            else:
+                q, s = _block_weights(qw_base, sc_base, k0, k_end, rows, w_cols, n_ok, w_stride, GROUP)
+            acc0 += _block_products(q, s, x0, p0, k0, k_end, rows, P, PACKED, PAIRED, HALF, ASM)
+            if BLOCK_M == 2:
+                acc1 += _block_products(q, s, x1, p1, k0, k_end, rows, P, PACKED, PAIRED, HALF, ASM)
+            if PREFETCH:
+                q, s = q_next, s_next
+    elif EARLY or PREFETCH:
         # The first K-block is loaded before the loop so that, launched early (programmatic
         # dependent launch), its weights stream in while the previous kernel finishes: weights and
         # the routing (made before the up/gate projection) are not the previous kernel's output;
@@ -473,6 +600,8 @@ class Config:
     # if that one is launched for it (fused)
     pdl: bool = False
     early: bool = False  # the main kernel launches under the previous kernel, streaming weights before it waits
+    # -dq (packed, paired): the first K-block also dequantized before the wait, only its products after it
+    dequant_early: bool = False
     # A mixed tiling (block_m 2 decode): only an expert's pairs of pairs form 2-pair blocks; the odd pairs go
     # to a second launch with this 1-pair tiling, so no block carries a padded pair's products (mixed_blocks).
     # Label: the two labels joined by "+".
@@ -483,6 +612,7 @@ class Config:
         flags = ("-packed" if self.packed else "") + ("-paired" if self.paired else "")
         flags += ("-tiled" if self.tiled else "") + (f"-r{self.maxnreg}" if self.maxnreg else "")
         flags += ("-pf" if self.prefetch else "") + ("-pdl" if self.pdl else "") + ("-early" if self.early else "")
+        flags += "-dq" if self.dequant_early else ""
         own = (f"m{self.block_m}n{self.block_n}k{self.block_k}s{self.split_k}"
                f"w{self.num_warps}st{self.num_stages}{red}{flags}")
         return own + (f"+{self.singles.label()}" if self.singles else "")
@@ -683,7 +813,8 @@ def prepare(cfg: Config, qweight, scales, group: int, batch, out: torch.Tensor):
         kernel = _moe_down_vec
     else:
         raise ValueError(f"block_m {bm}: 1 or 2 pairs per block, or 16+ with a {DOT_K}-deep K-block in one group")
-    if (cfg.tiled or cfg.packed or cfg.paired or cfg.prefetch or cfg.pdl or cfg.early) and kernel is not _moe_down_vec:
+    if (cfg.tiled or cfg.packed or cfg.paired or cfg.prefetch or cfg.pdl or cfg.early or cfg.dequant_early) \
+            and kernel is not _moe_down_vec:
         raise ValueError(f"block_m {bm}: the packed, paired, tiled, pf, pdl and early options are for decode "
                          "blocks (1-2 pairs) only")
     interpreted = os.environ.get("TRITON_INTERPRET") == "1"  # the interpreter runs no inline PTX
@@ -700,7 +831,8 @@ def prepare(cfg: Config, qweight, scales, group: int, batch, out: torch.Tensor):
             opts["maxnreg"] = c.maxnreg
         if kernel is _moe_down_vec:
             opts.update(STAGES=c.num_stages, PACKED=c.packed, HALF=x.dtype == torch.float16, TILED=c.tiled,
-                        PAIRED=c.paired, PREFETCH=c.prefetch, PDL=c.pdl, EARLY=c.early, LAUNCH=launch)
+                        PAIRED=c.paired, PREFETCH=c.prefetch, PDL=c.pdl, EARLY=c.early, LAUNCH=launch,
+                        DQ=c.dequant_early)
             if c.early and not interpreted:
                 opts["launch_pdl"] = True
         return opts
@@ -708,6 +840,9 @@ def prepare(cfg: Config, qweight, scales, group: int, batch, out: torch.Tensor):
     if kernel is _moe_down_vec:
         if cfg.paired and not cfg.packed:
             raise ValueError("paired nibbles serve the packed path: add -packed")
+        for c in (cfg, cfg.singles or cfg):
+            if c.dequant_early and not c.paired:
+                raise ValueError("-dq dequantizes paired packed words: add -packed-paired")
         if cfg.paired:
             qweight = pair_nibbles(qweight)
         if cfg.tiled:
