@@ -406,6 +406,9 @@ def _moe_down_vec(x_ptr, qw_ptr, sc_ptr, pair_ptr, blk_expert_ptr, rw_ptr, part_
         # -dq: the first K-block is also dequantized before the wait, so that after it only the products
         # remain of it (the part that needs the activations). Later K-blocks as below.
         q, s = _block_weights(qw_base, sc_base, k_lo, k_end, rows, w_cols, n_ok, w_stride, GROUP)
+        if PREFETCH:  # the second K-block's words are in flight before the wait too
+            q_next, s_next = _block_weights(qw_base, sc_base, k_lo + BLOCK_K, k_end, rows, w_cols, n_ok, w_stride,
+                                            GROUP)
         w0, w1, w2, w3 = _dequant(q, HALF, ASM)
         if EARLY and ASM and LAUNCH != 2:
             # ptxas sinks pure arithmetic past the wait (it shortens live ranges); a branch on a value made
@@ -417,13 +420,11 @@ def _moe_down_vec(x_ptr, qw_ptr, sc_ptr, pair_ptr, blk_expert_ptr, rw_ptr, part_
                 tl.extra.cuda.gdc_wait()
         if PDL and ASM and LAUNCH == 1:
             tl.extra.cuda.gdc_launch_dependents()
-        if PREFETCH:
-            q, s_next = _block_weights(qw_base, sc_base, k_lo + BLOCK_K, k_end, rows, w_cols, n_ok, w_stride, GROUP)
         acc0 += _dq_products(w0, w1, w2, w3, s, x0, p0, k_lo, k_end, rows, P, HALF, ASM)
         if BLOCK_M == 2:
             acc1 += _dq_products(w0, w1, w2, w3, s, x1, p1, k_lo, k_end, rows, P, HALF, ASM)
         if PREFETCH:
-            s = s_next
+            q, s = q_next, s_next
         for kk in range(BLOCK_K, k_per, BLOCK_K):
             k0 = k_lo + kk
             if PREFETCH:
