@@ -163,3 +163,35 @@ def test_htile_decode_policy_follows_the_h200_sweeps(k, tokens, label):
     batch = shapes.random_batch(shape, k, tokens, torch.bfloat16, torch.device("cpu"), 0)
     cfg = variants.TritonVariant("triton-htile", htile=True).choose(k, 3072, batch, 128)
     assert cfg.label() == label
+
+
+@pytest.mark.parametrize("k,tokens,label", [
+    (384, 1, "m1n32k256s1w2st1sum-packed-paired-pf-pdl-early-dq"),  # the split in two blocks, before the wait
+    (192, 1, "m1n32k256s1w2st1sum-packed-paired-pf-pdl-early-dq"),
+    (768, 1, "m1n16k512s1w2st1sum-packed-paired-pdl-early"),  # more K than fits before the wait
+    (384, 4, "m1n64k128s1w2st1sum-packed-paired-pf-pdl-early"),
+])
+def test_htile_decode_policy_with_programmatic_dependent_launch(monkeypatch, k, tokens, label):
+    """On Hopper+ (pdl_reason None) one token with a short split dequantizes its first block before the wait."""
+    import torch
+
+    from b70bench.moe import kernels, shapes, variants
+
+    monkeypatch.setattr(kernels, "pdl_reason", lambda device: None)
+    shape = shapes.MoeShape(hidden=3072, intermediate=k, experts=256, topk=8)
+    batch = shapes.random_batch(shape, k, tokens, torch.bfloat16, torch.device("cpu"), 0)
+    assert variants.TritonVariant("triton-htile", htile=True).choose(k, 3072, batch, 128).label() == label
+
+
+def test_dequantizing_before_the_wait_needs_paired_packed_words():
+    import torch
+
+    from b70bench.moe import kernels, shapes
+
+    shape = shapes.MoeShape(hidden=64, intermediate=256, experts=8, topk=2)
+    w = shapes.random_weights(shape, 256, torch.bfloat16, torch.device("cpu"), 0)
+    batch = shapes.random_batch(shape, 256, 1, torch.bfloat16, torch.device("cpu"), 0)
+    out = torch.empty((1, 64), dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="-dq dequantizes paired packed words"):
+        kernels.prepare(kernels.Config(block_m=1, block_n=32, block_k=256, packed=True, dequant_early=True),
+                        w.qweight, w.scales, w.group, batch, out)

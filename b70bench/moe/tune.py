@@ -40,6 +40,9 @@ def configs(k: int, group: int, auto_bm: int, n: int = 3072, blocks: dict | None
             for pf in (True, False):
                 seeds.append(Config(block_m=1, block_n=bn, block_k=bk, num_warps=warps, num_stages=1,
                                     packed=True, paired=True, prefetch=pf, pdl=pdl, early=pdl))
+        if pdl:  # both 256-deep blocks of a short split before the wait, the first dequantized there (run 50)
+            seeds.append(Config(block_m=1, block_n=32, block_k=256, num_warps=2, num_stages=1, packed=True,
+                                paired=True, prefetch=True, pdl=True, early=True, dequant_early=True))
     if auto_bm == 2:  # shared experts: mixed tilings (2-pair blocks of pairs of pairs + these singles; run 40)
         one = Config(block_m=1, block_n=64, block_k=128, num_warps=2, num_stages=1, packed=True, paired=True,
                      prefetch=True, pdl=pdl, early=pdl)

@@ -159,7 +159,8 @@ class TritonVariant:
     `triton`: one program per (expert block, N-tile of 128; 64 for dot blocks), whole K, a
     second kernel sums the top-k partials. `triton-htile`: finer tiles along N. Decode (1-2 pairs
     per expert): one pair per block; one token 32-wide N-tiles of 4 warps, K-blocks of up to 512
-    (16-wide, 2 warps, no prefetch where K needs several; the same 32x512 tiles for 2-4 tokens there);
+    (16-wide, 2 warps, no prefetch where K needs several; the same 32x512 tiles for 2-4 tokens there;
+    with PDL and K <= 512, 32x256 tiles of 2 warps dequantizing their first block before the wait);
     more tokens 64-wide tiles of 2 warps, 128 deep, and where those share experts, 2-pair blocks of
     an expert's pairs of pairs (a mixed tiling); the next K-block prefetched, packed 16x2
     dequant on paired nibbles, second-kernel sum, and on CUDA sm_90+ programmatic dependent launch
@@ -205,13 +206,21 @@ class TritonVariant:
             # TP1 tokens 1/4/16 8.63/25.90/72.49 us, TP4 4.36/9.12/28.34 us.
             packed = batch.x.dtype in (torch.float16, torch.bfloat16)
             prefetch = True
+            pdl = kernels.pdl_reason(batch.x.device) is None
+            if batch.tokens == 1 and k <= 512 and pdl and packed:
+                # The split's K in two 256-deep blocks, both requested before the wait and the first also
+                # dequantized there (-dq): after the wait little more than the products is left. Runs 50-51:
+                # TP4 tokens 1 3.73-3.86 us vs 4.35-4.49 for 32x512x4 -pf in the same runs; no gain at TP1
+                # (more K than the registers hold before the wait) nor at 4-16 tokens.
+                cfg = kernels.Config(block_m=1, block_n=32, block_k=256, num_warps=2, num_stages=1, packed=True,
+                                     paired=True, prefetch=True, pdl=True, early=True, dequant_early=True)
+                return replace(cfg, **self.overrides)
             if batch.tokens == 1 and k > 512:
                 bn, bk, warps, prefetch = 16, 512, 2, False
             elif batch.tokens == 1 or (batch.tokens <= 4 and k > 512):
                 bn, bk, warps = 32, min(512, 1 << max(7, (k - 1).bit_length())), 4
             else:
                 bn, bk, warps = 64, 128, 2
-            pdl = kernels.pdl_reason(batch.x.device) is None
             cfg = kernels.Config(block_m=1, block_n=bn, block_k=bk, num_warps=warps, num_stages=1,
                                  fused_reduce=False, packed=packed, paired=packed, prefetch=prefetch, pdl=pdl,
                                  early=pdl)
