@@ -195,3 +195,47 @@ def test_dequantizing_before_the_wait_needs_paired_packed_words():
     with pytest.raises(ValueError, match="-dq dequantizes paired packed words"):
         kernels.prepare(kernels.Config(block_m=1, block_n=32, block_k=256, packed=True, dequant_early=True),
                         w.qweight, w.scales, w.group, batch, out)
+
+
+def test_dq_keeps_the_first_blocks_dequantization_before_the_wait_in_sass():
+    """-dq pays only if the dequantization runs before griddepcontrol.wait (SASS ACQBULK); ptxas sinks it
+    past the wait unless the kernel's branch on the dequantized tile holds it (results/moe-down-h200.md,
+    session 6). Compiled here for sm_90 with the ptxas and cuobjdump Triton ships; no GPU needed."""
+    import re
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from b70bench.moe import kernels, tune
+
+    tools = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+    if not (tools / "ptxas").exists() or not (tools / "cuobjdump").exists():
+        pytest.skip(f"no ptxas/cuobjdump shipped with Triton in {tools}")
+    c = tune.parse_label("m1n32k256s1w2st1sum-packed-paired-pf-pdl-early-dq")
+    fn = kernels._moe_down_vec
+    ptrs = {"x_ptr": "*bf16", "qw_ptr": "*i32", "sc_ptr": "*bf16", "pair_ptr": "*i32", "blk_expert_ptr": "*i32",
+            "rw_ptr": "*fp32", "part_ptr": "*fp32", "out_ptr": "*bf16", "cnt_ptr": "*i32"}
+    consts = dict(TOPK=8, GROUP=128, BLOCK_M=1, BLOCK_N=c.block_n, BLOCK_K=c.block_k, SPLIT_K=1, FUSED_REDUCE=False,
+                  ASM=True, STAGES=1, PACKED=True, HALF=False, TILED=False, PAIRED=True, PREFETCH=True, PDL=True,
+                  EARLY=True, LAUNCH=0, DQ=True)
+    names = fn.arg_names
+    sig = {n: ptrs.get(n, "constexpr" if n in consts else "i32") for n in names}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if n in ptrs or n in ("N", "K")}
+    src = ASTSource(fn, sig, constexprs={(names.index(k),): v for k, v in consts.items()}, attrs=attrs)
+    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                              options=dict(num_warps=c.num_warps, num_stages=1, launch_pdl=True))
+    with tempfile.TemporaryDirectory() as tmp:
+        cubin = Path(tmp) / "k.cubin"
+        cubin.write_bytes(compiled.asm["cubin"])
+        sass = subprocess.run([str(tools / "cuobjdump"), "-sass", str(cubin)], capture_output=True, text=True,
+                              timeout=120).stdout
+    ops = [line for line in sass.splitlines() if re.search(r"/\*[0-9a-f]{4}\*/", line)]
+    wait = [i for i, op in enumerate(ops) if "ACQBULK" in op]
+    assert len(wait) >= 1, "no griddepcontrol.wait (ACQBULK) in the SASS"
+    # The 16x2 magic LOP3 (0xf000f mask) of each word: 32x256 tiles on 2 warps hold 16 words per thread per block.
+    dequant = [i for i, op in enumerate(ops) if re.search(r"LOP3\.LUT .*0xf000f", op)]
+    assert sum(i < wait[0] for i in dequant) >= 4 * 16, (len(dequant), wait)
