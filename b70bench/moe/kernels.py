@@ -609,9 +609,6 @@ class Config:
     early: bool = False  # the main kernel launches under the previous kernel, streaming weights before it waits
     # -dq (packed, paired): the first K-block also dequantized before the wait, only its products after it
     dequant_early: bool = False
-    # -smem (one pair per block, packed, paired, pdl, early; CUDA sm_90+): the Gluon kernel that copies all of a
-    # program's K-blocks into shared memory before the wait (gluon_kernels._moe_down_smem)
-    smem: bool = False
     # A mixed tiling (block_m 2 decode): only an expert's pairs of pairs form 2-pair blocks; the odd pairs go
     # to a second launch with this 1-pair tiling, so no block carries a padded pair's products (mixed_blocks).
     # Label: the two labels joined by "+".
@@ -622,7 +619,7 @@ class Config:
         flags = ("-packed" if self.packed else "") + ("-paired" if self.paired else "")
         flags += ("-tiled" if self.tiled else "") + (f"-r{self.maxnreg}" if self.maxnreg else "")
         flags += ("-pf" if self.prefetch else "") + ("-pdl" if self.pdl else "") + ("-early" if self.early else "")
-        flags += ("-dq" if self.dequant_early else "") + ("-smem" if self.smem else "")
+        flags += "-dq" if self.dequant_early else ""
         own = (f"m{self.block_m}n{self.block_n}k{self.block_k}s{self.split_k}"
                f"w{self.num_warps}st{self.num_stages}{red}{flags}")
         return own + (f"+{self.singles.label()}" if self.singles else "")
@@ -734,33 +731,6 @@ def check_mixed(cfg: Config, block_m: int, k: int, group: int) -> None:
             or one.fused_reduce:
         raise ValueError("the two tilings of a mixed tiling must agree on split-K, -packed, -paired, -pdl and -early, "
                          "and use the sum reduction without -tiled")
-
-
-def _smem_launch(cfg: Config, block_m: int, k: int, n: int, group: int, interpreted: bool, x, qweight, scales,
-                 pair_ids, block_expert, rw, part):
-    """The -smem main kernel's launch (Gluon), or the reason it cannot run this tiling."""
-    chunks = k // cfg.block_k
-    why = ("Triton's interpreter does not run Gluon kernels" if interpreted else
-           pdl_reason(x.device) if x.device.type == "cuda" else f"-smem is CUDA's (sm_90+); this is {x.device.type}")
-    if why:
-        raise ValueError(f"-smem: {why}")
-    if not (block_m == 1 and cfg.split_k == 1 and cfg.packed and cfg.paired and cfg.pdl and cfg.early
-            and not (cfg.tiled or cfg.fused_reduce or cfg.prefetch or cfg.dequant_early or cfg.singles)):
-        raise ValueError("-smem is a one-pair tiling (m1, s1) with -packed-paired-pdl-early and nothing else")
-    if k % cfg.block_k or not 1 <= chunks <= 4 or n % cfg.block_n or cfg.block_n % 4 or cfg.block_n > 128:
-        raise ValueError(f"-smem: K={k} must be 1-4 whole {cfg.block_k}-blocks and N={n} whole tiles of "
-                         f"{cfg.block_n} (a multiple of 4 up to 128)")
-    from b70bench.moe.gluon_kernels import _moe_down_smem
-
-    grid = (block_expert.numel(), n // cfg.block_n)
-    opts = dict(GROUP=group, BLOCK_N=cfg.block_n, CHUNK=cfg.block_k // PACK, NCHUNK=chunks,
-                HALF=x.dtype == torch.float16, WARPS=cfg.num_warps, num_warps=cfg.num_warps, launch_pdl=True)
-    p = part.shape[1]
-
-    def launch():
-        _moe_down_smem[grid](x, qweight, scales, pair_ids, block_expert, rw, part, p, n, k, **opts)
-
-    return launch
 
 
 def check_config(cfg: Config, k: int, group: int) -> None:
@@ -888,15 +858,6 @@ def prepare(cfg: Config, qweight, scales, group: int, batch, out: torch.Tensor):
             raise ValueError(f"packed dequant needs fp16 or bf16 activations, not {x.dtype}")
 
     sum_pdl = {"PDL": True, "launch_pdl": True} if cfg.pdl and not cfg.fused_reduce and not interpreted else {}
-    if cfg.smem:
-        main = _smem_launch(cfg, bm, k, n, group, interpreted, x, qweight, scales, pair_ids, block_expert, rw, part)
-
-        def run_smem():
-            main()
-            _moe_sum[sum_grid](part, out, p, n, TOPK=topk, SPLIT_K=1, BLOCK=sum_block, num_warps=4, **sum_pdl)
-            return out
-
-        return run_smem
 
     # A mixed tiling's two launches run at the same time (LAUNCH 1 and 2) where both have blocks: the singles
     # fill the SMs the 2-pair blocks' last wave leaves idle (H200 run 42: TP1 tokens 16 73.1-73.3 vs 77.5-78.0 us
