@@ -167,7 +167,7 @@ def test_htile_decode_policy_follows_the_h200_sweeps(k, tokens, label):
 
 @pytest.mark.parametrize("k,tokens,label", [
     (384, 1, "m1n32k256s1w2st1sum-packed-paired-pf-pdl-early-dq"),  # the split in two blocks, before the wait
-    (192, 1, "m1n32k256s1w2st1sum-packed-paired-pf-pdl-early-dq"),
+    (256, 1, "m1n32k256s1w2st1sum-packed-paired-pf-pdl-early-dq"),
     (768, 1, "m1n16k512s1w2st1sum-packed-paired-pdl-early"),  # more K than fits before the wait
     (384, 4, "m1n64k128s1w2st1sum-packed-paired-pf-pdl-early"),
 ])

@@ -215,7 +215,9 @@ add.f32 $0, flo, fhi;
 @triton.jit
 def _dequant(q, HALF: tl.constexpr, ASM: tl.constexpr):
     """A word's eight nibbles - 8 as four 32-bit registers of two 16-bit values: register J holds
-    nibbles J and J+4, the halves x pair J meets. The interpreter keeps them as int16 halves."""
+    nibbles J and J+4, the halves x pair J meets. The interpreter keeps them as int16 halves.
+    The asm is marked impure as measured (runs 50-52); what keeps it before the wait is the branch in
+    _moe_down_vec, not this."""
     if ASM:
         if HALF:
             w = tl.inline_asm_elementwise(_DEQUANT_FP16, "=r,=r,=r,=r,r", [q],
@@ -416,7 +418,8 @@ def _moe_down_vec(x_ptr, qw_ptr, sc_ptr, pair_ptr, blk_expert_ptr, rw_ptr, part_
             # from every dequantized register keeps them before it. Both arms wait.
             v = tl.max(tl.max(w0 | w1 | w2 | w3, axis=1), axis=0)
             if v == 0x12345:
-                tl.inline_asm_elementwise("griddepcontrol.wait; // a", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
+                tl.inline_asm_elementwise("griddepcontrol.wait; mov.u32 $0, 0;", "=r", [], dtype=tl.int32,
+                                          is_pure=False, pack=1)
             else:
                 tl.extra.cuda.gdc_wait()
         if PDL and ASM and LAUNCH == 1:
@@ -822,7 +825,7 @@ def prepare(cfg: Config, qweight, scales, group: int, batch, out: torch.Tensor):
         raise ValueError(f"block_m {bm}: 1 or 2 pairs per block, or 16+ with a {DOT_K}-deep K-block in one group")
     if (cfg.tiled or cfg.packed or cfg.paired or cfg.prefetch or cfg.pdl or cfg.early or cfg.dequant_early) \
             and kernel is not _moe_down_vec:
-        raise ValueError(f"block_m {bm}: the packed, paired, tiled, pf, pdl and early options are for decode "
+        raise ValueError(f"block_m {bm}: the packed, paired, tiled, pf, pdl, early and dq options are for decode "
                          "blocks (1-2 pairs) only")
     interpreted = os.environ.get("TRITON_INTERPRET") == "1"  # the interpreter runs no inline PTX
     if (cfg.pdl or cfg.early) and not interpreted and pdl_reason(batch.x.device):
