@@ -146,14 +146,21 @@ def _unpair(xp, HALF: tl.constexpr, HIGH: tl.constexpr):
 
 
 @triton.jit
+def _spread(xp0, xp1, xp2, xp3, like):
+    """A word row's four x pairs ([rows]) broadcast to the words' shape [rows, BLOCK_N]."""
+    a1, _ = tl.broadcast(xp0[:, None], like)
+    a2, _ = tl.broadcast(xp1[:, None], like)
+    a3, _ = tl.broadcast(xp2[:, None], like)
+    a4, _ = tl.broadcast(xp3[:, None], like)
+    return a1, a2, a3, a4
+
+
+@triton.jit
 def _word_dot(q, xp0, xp1, xp2, xp3, HALF: tl.constexpr, ASM: tl.constexpr):
     """sum over a word's eight nibbles of (nibble - 8) * x, [rows, BLOCK_N] fp32; xp* are the
     row's x pairs (_x_pair, [rows]). On the GPU in packed 16-bit arithmetic; the interpreter
     computes the same sum in fp32 (it runs no PTX)."""
-    a1, _ = tl.broadcast(xp0[:, None], q)
-    a2, _ = tl.broadcast(xp1[:, None], q)
-    a3, _ = tl.broadcast(xp2[:, None], q)
-    a4, _ = tl.broadcast(xp3[:, None], q)
+    a1, a2, a3, a4 = _spread(xp0, xp1, xp2, xp3, q)
     if ASM:
         if HALF:
             res = tl.inline_asm_elementwise(_WORD_DOT_FP16, "=r,r,r,r,r,r", [q, a1, a2, a3, a4],
@@ -243,10 +250,7 @@ def _dq_term(w, xp, HALF: tl.constexpr):
 @triton.jit
 def _dq_dot(w0, w1, w2, w3, xp0, xp1, xp2, xp3, HALF: tl.constexpr, ASM: tl.constexpr):
     """_word_dot on dequantized words (_dequant): four 16x2 FMAs and the halves' fp32 sum."""
-    a1, _ = tl.broadcast(xp0[:, None], w0)
-    a2, _ = tl.broadcast(xp1[:, None], w0)
-    a3, _ = tl.broadcast(xp2[:, None], w0)
-    a4, _ = tl.broadcast(xp3[:, None], w0)
+    a1, a2, a3, a4 = _spread(xp0, xp1, xp2, xp3, w0)
     if ASM:
         if HALF:
             res = tl.inline_asm_elementwise(_DQ_DOT_FP16, "=r,r,r,r,r,r,r,r,r", [w0, w1, w2, w3, a1, a2, a3, a4],
