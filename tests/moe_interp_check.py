@@ -56,6 +56,12 @@ cases = [
     ("fp16", 1, C(block_m=1, block_n=32, block_k=512, packed=True, paired=True, early=True, dequant_early=True)),
     ("fp16", 3, C(block_m=1, block_n=16, block_k=64, split_k=2, packed=True, paired=True, early=True,
                   dequant_early=True)),
+    # -2r: two word rows of one scale group per 16-bit sum; a block deeper than K, 2-pair blocks with prefetch,
+    # and a split (64) shorter than the group, whose partner rows past the split must add nothing
+    ("bf16", 1, C(block_m=1, block_n=16, block_k=512, packed=True, paired=True, pdl=True, early=True, two_rows=True)),
+    ("fp16", 3, C(block_m=2, block_n=32, block_k=128, split_k=2, packed=True, paired=True, prefetch=True,
+                  two_rows=True)),
+    ("bf16", 3, C(block_m=1, block_n=32, block_k=128, split_k=4, packed=True, paired=True, two_rows=True)),
 ]
 out = []
 for i, (dt, tokens, cfg) in enumerate(cases):

@@ -136,6 +136,55 @@ add.f32 $0, flo, fhi;
 }""")
 
 
+# -2r: two words of one scale group (rows half a group apart) through the same 16x2 accumulator before the
+# one fp32 halves-sum: per two words one shl/and/add, one scale and one fp32 accumulation instead of two each
+# (20 -> 17.5 SASS instructions per word). The 16-bit sum runs over 8 products instead of 4.
+_WORD_DOT2_BF16 = tl.constexpr("""{
+.reg .b32 t, w0, w1, w2, w3, a, one, off, nz;
+mov.b32 one, 0x3F803F80; mov.b32 off, 0xC308C308; mov.b32 nz, 0x80008000;
+lop3.b32 w0, $1, 0x000F000F, 0x43004300, 0xEA;
+shr.u32 t, $1, 4; lop3.b32 w1, t, 0x000F000F, 0x43004300, 0xEA;
+shr.u32 t, $1, 8; lop3.b32 w2, t, 0x000F000F, 0x43004300, 0xEA;
+shr.u32 t, $1, 12; lop3.b32 w3, t, 0x000F000F, 0x43004300, 0xEA;
+fma.rn.bf16x2 w0, w0, one, off; fma.rn.bf16x2 w1, w1, one, off;
+fma.rn.bf16x2 w2, w2, one, off; fma.rn.bf16x2 w3, w3, one, off;
+fma.rn.bf16x2 a, w0, $3, nz; fma.rn.bf16x2 a, w1, $4, a;
+fma.rn.bf16x2 a, w2, $5, a; fma.rn.bf16x2 a, w3, $6, a;
+lop3.b32 w0, $2, 0x000F000F, 0x43004300, 0xEA;
+shr.u32 t, $2, 4; lop3.b32 w1, t, 0x000F000F, 0x43004300, 0xEA;
+shr.u32 t, $2, 8; lop3.b32 w2, t, 0x000F000F, 0x43004300, 0xEA;
+shr.u32 t, $2, 12; lop3.b32 w3, t, 0x000F000F, 0x43004300, 0xEA;
+fma.rn.bf16x2 w0, w0, one, off; fma.rn.bf16x2 w1, w1, one, off;
+fma.rn.bf16x2 w2, w2, one, off; fma.rn.bf16x2 w3, w3, one, off;
+fma.rn.bf16x2 a, w0, $7, a; fma.rn.bf16x2 a, w1, $8, a;
+fma.rn.bf16x2 a, w2, $9, a; fma.rn.bf16x2 a, w3, $10, a;
+shl.b32 t, a, 16; and.b32 a, a, 0xFFFF0000;
+add.f32 $0, t, a;
+}""")
+_WORD_DOT2_FP16 = tl.constexpr("""{
+.reg .b32 t, w0, w1, w2, w3, a, one, off, sixt, off16, nz;
+.reg .f16 lo, hi; .reg .f32 flo, fhi;
+mov.b32 one, 0x3C003C00; mov.b32 off, 0xE408E408; mov.b32 sixt, 0x2C002C00; mov.b32 off16, 0xD480D480;
+mov.b32 nz, 0x80008000;
+lop3.b32 w0, $1, 0x000F000F, 0x64006400, 0xEA; lop3.b32 w1, $1, 0x00F000F0, 0x64006400, 0xEA;
+shr.u32 t, $1, 8;
+lop3.b32 w2, t, 0x000F000F, 0x64006400, 0xEA; lop3.b32 w3, t, 0x00F000F0, 0x64006400, 0xEA;
+fma.rn.f16x2 w0, w0, one, off; fma.rn.f16x2 w1, w1, sixt, off16;
+fma.rn.f16x2 w2, w2, one, off; fma.rn.f16x2 w3, w3, sixt, off16;
+fma.rn.f16x2 a, w0, $3, nz; fma.rn.f16x2 a, w2, $5, a;
+fma.rn.f16x2 a, w1, $4, a; fma.rn.f16x2 a, w3, $6, a;
+lop3.b32 w0, $2, 0x000F000F, 0x64006400, 0xEA; lop3.b32 w1, $2, 0x00F000F0, 0x64006400, 0xEA;
+shr.u32 t, $2, 8;
+lop3.b32 w2, t, 0x000F000F, 0x64006400, 0xEA; lop3.b32 w3, t, 0x00F000F0, 0x64006400, 0xEA;
+fma.rn.f16x2 w0, w0, one, off; fma.rn.f16x2 w1, w1, sixt, off16;
+fma.rn.f16x2 w2, w2, one, off; fma.rn.f16x2 w3, w3, sixt, off16;
+fma.rn.f16x2 a, w0, $7, a; fma.rn.f16x2 a, w2, $9, a;
+fma.rn.f16x2 a, w1, $8, a; fma.rn.f16x2 a, w3, $10, a;
+mov.b32 {lo, hi}, a; cvt.f32.f16 flo, lo; cvt.f32.f16 fhi, hi;
+add.f32 $0, flo, fhi;
+}""")
+
+
 @triton.jit
 def _unpair(xp, HALF: tl.constexpr, HIGH: tl.constexpr):
     """One half of an x pair back to fp32 (the interpreter path)."""
@@ -264,6 +313,58 @@ def _dq_dot(w0, w1, w2, w3, xp0, xp1, xp2, xp3, HALF: tl.constexpr, ASM: tl.cons
 
 
 @triton.jit
+def _word_dot2(qa, qb, xa0, xa1, xa2, xa3, xb0, xb1, xb2, xb3, HALF: tl.constexpr, ASM: tl.constexpr):
+    """_word_dot of two words (qa with the xa pairs, qb with the xb pairs) summed, [rows, BLOCK_N] fp32 (-2r)."""
+    if ASM:
+        a1, a2, a3, a4 = _spread(xa0, xa1, xa2, xa3, qa)
+        b1, b2, b3, b4 = _spread(xb0, xb1, xb2, xb3, qa)
+        if HALF:
+            res = tl.inline_asm_elementwise(_WORD_DOT2_FP16, "=r,r,r,r,r,r,r,r,r,r,r",
+                                            [qa, qb, a1, a2, a3, a4, b1, b2, b3, b4], dtype=tl.float32,
+                                            is_pure=True, pack=1)
+        else:
+            res = tl.inline_asm_elementwise(_WORD_DOT2_BF16, "=r,r,r,r,r,r,r,r,r,r,r",
+                                            [qa, qb, a1, a2, a3, a4, b1, b2, b3, b4], dtype=tl.float32,
+                                            is_pure=True, pack=1)
+    else:
+        res = _word_dot(qa, xa0, xa1, xa2, xa3, HALF, ASM) + _word_dot(qb, xb0, xb1, xb2, xb3, HALF, ASM)
+    return res
+
+
+@triton.jit
+def _first_rows(BLOCK_K: tl.constexpr, GROUP: tl.constexpr):
+    """-2r: a K-block's word rows in the first half of their scale group (GROUP/16 of its GROUP/8 rows);
+    row r + GROUP/16 is its partner, same group, same scale."""
+    i = tl.arange(0, BLOCK_K // (2 * PACK_C))
+    return (i // (GROUP // (2 * PACK_C))) * (GROUP // PACK_C) + i % (GROUP // (2 * PACK_C))
+
+
+@triton.jit
+def _two_row_weights(qw_base, sc_base, k0, k_end, rows, w_cols, n_ok, w_stride, GROUP: tl.constexpr):
+    """_block_weights for -2r: the first rows' words and scales, and their partners' words."""
+    qa, s = _block_weights(qw_base, sc_base, k0, k_end, rows, w_cols, n_ok, w_stride, GROUP)
+    partner = rows + GROUP // (2 * PACK_C)
+    ok = ((k0 + partner * PACK_C) < k_end)[:, None] & n_ok[None, :]
+    return qa, _load_words(qw_base, k0, partner, w_cols, ok, w_stride), s
+
+
+@triton.jit
+def _two_row_products(qa, qb, s, x_row, p, k0, k_end, rows, P, GROUP: tl.constexpr, HALF: tl.constexpr,
+                      ASM: tl.constexpr):
+    """_block_products for -2r (paired words): both rows' scaled products, [BLOCK_K/16, BLOCK_N] fp32."""
+    cols = k0 + rows * PACK_C
+    ok = (cols < k_end) & ((rows * 0 + p) < P)
+    cols_b = cols + GROUP // 2
+    # A masked word is 0, whose nibbles dequantize to -8: its x must be masked to 0 with it.
+    ok_b = (cols_b < k_end) & ((rows * 0 + p) < P)
+    return _word_dot2(qa, qb, _x_pair_adjacent(x_row, cols, ok, 0), _x_pair_adjacent(x_row, cols, ok, 1),
+                      _x_pair_adjacent(x_row, cols, ok, 2), _x_pair_adjacent(x_row, cols, ok, 3),
+                      _x_pair_adjacent(x_row, cols_b, ok_b, 0), _x_pair_adjacent(x_row, cols_b, ok_b, 1),
+                      _x_pair_adjacent(x_row, cols_b, ok_b, 2), _x_pair_adjacent(x_row, cols_b, ok_b, 3),
+                      HALF, ASM) * s
+
+
+@triton.jit
 def _reduce_tokens(pairs, m_ok, offs_n, n_ok, pid_n, part_ptr, out_ptr, cnt_ptr, P, N, n_tiles,
                    TOPK: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """The last program to store a partial of a (token, N-tile) sums that token's top-k x
@@ -363,7 +464,8 @@ def _moe_down_vec(x_ptr, qw_ptr, sc_ptr, pair_ptr, blk_expert_ptr, rw_ptr, part_
                   BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, FUSED_REDUCE: tl.constexpr, ASM: tl.constexpr,
                   STAGES: tl.constexpr, PACKED: tl.constexpr, HALF: tl.constexpr, TILED: tl.constexpr,
                   PAIRED: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr, EARLY: tl.constexpr,
-                  LAUNCH: tl.constexpr = 0, DQ: tl.constexpr = False):
+                  LAUNCH: tl.constexpr = 0, DQ: tl.constexpr = False, TWO_ROWS: tl.constexpr = False,
+                  PAD: tl.constexpr = 0, PAD_ASM: tl.constexpr = ""):
     """Decode: 1 or 2 pairs per block. Each pair accumulates scaled products in a
     [BLOCK_K/8, BLOCK_N] fp32 tile laid out like the loaded words (2D, so every op keeps the
     load's layout); the word rows are summed once, after the K loop.
@@ -372,6 +474,9 @@ def _moe_down_vec(x_ptr, qw_ptr, sc_ptr, pair_ptr, blk_expert_ptr, rw_ptr, part_
     time. 1 lets the next launch start only after its own wait, when the activations are ready; 2,
     launched under it, so reads them without a wait, and waits for the first grid before it ends, so
     that whatever waits for it (the sum kernel) also waits for both."""
+    if PAD > 0 and ASM:
+        # -oN: PAD bytes of shared memory held so that at most N programs share an SM (residency_pad).
+        tl.inline_asm_elementwise(PAD_ASM, "=r,r", [P], dtype=tl.int32, is_pure=False, pack=1)
     if PDL and ASM and LAUNCH != 1:
         # What follows may launch now (the sum kernel; with FUSED_REDUCE the next kernel, if it is
         # launched for it); it waits (gdc_wait) for this whole grid before reading what it wrote.
@@ -409,7 +514,32 @@ def _moe_down_vec(x_ptr, qw_ptr, sc_ptr, pair_ptr, blk_expert_ptr, rw_ptr, part_
     # A K-block deeper than the split (BLOCK_K > k_per, e.g. 512 for TP4's 384) is one masked
     # iteration: the whole split's loads are issued at once, which a loop of dependent K-blocks
     # cannot do (decode rows are bound by the bytes each SM has in flight; results/moe-down-h200.md).
-    if DQ:
+    if TWO_ROWS:
+        # -2r (paired words, K-blocks of whole groups): as the branch below, over pairs of word rows of one scale
+        # group, so the accumulators hold half the rows.
+        rows = _first_rows(BLOCK_K, GROUP)
+        acc0 = tl.zeros((BLOCK_K // (2 * PACK_C), BLOCK_N), dtype=tl.float32)
+        if BLOCK_M == 2:
+            acc1 = tl.zeros((BLOCK_K // (2 * PACK_C), BLOCK_N), dtype=tl.float32)
+        qa, qb, s = _two_row_weights(qw_base, sc_base, k_lo, k_end, rows, w_cols, n_ok, w_stride, GROUP)
+        if EARLY and ASM and LAUNCH != 2:
+            tl.extra.cuda.gdc_wait()
+        if PDL and ASM and LAUNCH == 1:
+            tl.extra.cuda.gdc_launch_dependents()
+        for kk in range(0, k_per, BLOCK_K):
+            k0 = k_lo + kk
+            if PREFETCH:
+                qa_next, qb_next, s_next = _two_row_weights(qw_base, sc_base, k0 + BLOCK_K, k_end, rows, w_cols,
+                                                            n_ok, w_stride, GROUP)
+            acc0 += _two_row_products(qa, qb, s, x0, p0, k0, k_end, rows, P, GROUP, HALF, ASM)
+            if BLOCK_M == 2:
+                acc1 += _two_row_products(qa, qb, s, x1, p1, k0, k_end, rows, P, GROUP, HALF, ASM)
+            if PREFETCH:
+                qa, qb, s = qa_next, qb_next, s_next
+            else:
+                qa, qb, s = _two_row_weights(qw_base, sc_base, k0 + BLOCK_K, k_end, rows, w_cols, n_ok, w_stride,
+                                             GROUP)
+    elif DQ:
         # -dq: the first K-block is also dequantized before the wait, so that after it only the products
         # remain of it (the part that needs the activations). Later K-blocks as below.
         q, s = _block_weights(qw_base, sc_base, k_lo, k_end, rows, w_cols, n_ok, w_stride, GROUP)
@@ -607,6 +737,9 @@ class Config:
     packed: bool = False  # decode blocks: 16x2 packed dequant and products (_word_dot) instead of fp32 planes
     tiled: bool = False  # decode blocks: weights repacked N-tile-major once per weight set (tile_weights)
     maxnreg: int = 0  # registers per thread ptxas may use (0: its choice); fewer = more programs resident
+    # decode blocks, CUDA: at most this many programs per SM (0: no cap), by the shared memory each holds
+    # (residency_pad); a grid that fits in fewer SM slots than the GPU has is not dealt out unevenly
+    per_sm: int = 0
     paired: bool = False  # packed decode: nibbles reordered (pair_nibbles) so x pairs are single 32-bit loads
     prefetch: bool = False  # decode blocks: the next K-block's words loaded before this block's products
     # Decode blocks, CUDA sm_90+ (programmatic dependent launch; the interpreter runs the kernels without it):
@@ -616,6 +749,8 @@ class Config:
     early: bool = False  # the main kernel launches under the previous kernel, streaming weights before it waits
     # -dq (packed, paired): the first K-block also dequantized before the wait, only its products after it
     dequant_early: bool = False
+    # -2r (packed, paired, K-blocks of whole scale groups): two word rows of one group share each 16-bit sum
+    two_rows: bool = False
     # A mixed tiling (block_m 2 decode): only an expert's pairs of pairs form 2-pair blocks; the odd pairs go
     # to a second launch with this 1-pair tiling, so no block carries a padded pair's products (mixed_blocks).
     # Label: the two labels joined by "+".
@@ -625,8 +760,9 @@ class Config:
         red = "fused" if self.fused_reduce else "sum"
         flags = ("-packed" if self.packed else "") + ("-paired" if self.paired else "")
         flags += ("-tiled" if self.tiled else "") + (f"-r{self.maxnreg}" if self.maxnreg else "")
+        flags += f"-o{self.per_sm}" if self.per_sm else ""
         flags += ("-pf" if self.prefetch else "") + ("-pdl" if self.pdl else "") + ("-early" if self.early else "")
-        flags += "-dq" if self.dequant_early else ""
+        flags += ("-dq" if self.dequant_early else "") + ("-2r" if self.two_rows else "")
         own = (f"m{self.block_m}n{self.block_n}k{self.block_k}s{self.split_k}"
                f"w{self.num_warps}st{self.num_stages}{red}{flags}")
         return own + (f"+{self.singles.label()}" if self.singles else "")
@@ -792,6 +928,30 @@ def pair_nibbles(qweight: torch.Tensor) -> torch.Tensor:
     return _derived(qweight, "paired", make)
 
 
+RESERVED_SMEM = 1024  # shared memory the CUDA runtime reserves per program (sm_80+)
+REGISTERS_PER_SM = 65536  # sm_70 to sm_90
+
+
+def residency_pad(device: torch.device, per_sm: int, own_smem: int) -> int:
+    """Bytes of shared memory a program holds, besides its own `own_smem`, so that per_sm programs fit on an
+    SM and per_sm + 1 do not (-oN). Registers cap the programs per SM too, at a step of 8 registers per
+    thread; this cap is exact."""
+    per_program = torch.cuda.get_device_properties(device).shared_memory_per_multiprocessor // per_sm
+    # The reserve counted twice: ptxas reports it in the kernel's static shared memory and the runtime may add
+    # it again; either way per_sm + 1 programs do not fit (the margin is 1 KB, a step is SM / per_sm).
+    pad = (per_program - 2 * RESERVED_SMEM - own_smem) // 128 * 128
+    if pad < 0:
+        raise ValueError(f"-o{per_sm}: a program already holds {own_smem + RESERVED_SMEM} bytes of shared memory, "
+                         f"more than 1/{per_sm} of an SM's; ask for fewer programs per SM")
+    return pad
+
+
+def _pad_asm(pad: int) -> str:
+    # A static shared array the program never reads: a store under a predicate no launch meets keeps it.
+    return (f"{{ .shared .align 16 .b8 b70bench_pad[{pad}]; .reg .pred p; setp.eq.u32 p, $1, 0x7FC00001; "
+            "@p st.shared.u32 [b70bench_pad], $1; mov.u32 $0, 0; }")
+
+
 def pdl_reason(device: torch.device) -> str | None:
     """Why programmatic dependent launch (pdl, early) cannot run on this device, or None."""
     if device.type != "cuda":
@@ -827,10 +987,11 @@ def prepare(cfg: Config, qweight, scales, group: int, batch, out: torch.Tensor):
         kernel = _moe_down_vec
     else:
         raise ValueError(f"block_m {bm}: 1 or 2 pairs per block, or 16+ with a {DOT_K}-deep K-block in one group")
-    if (cfg.tiled or cfg.packed or cfg.paired or cfg.prefetch or cfg.pdl or cfg.early or cfg.dequant_early) \
+    if (cfg.tiled or cfg.packed or cfg.paired or cfg.prefetch or cfg.pdl or cfg.early or cfg.dequant_early
+            or cfg.two_rows or cfg.per_sm) \
             and kernel is not _moe_down_vec:
-        raise ValueError(f"block_m {bm}: the packed, paired, tiled, pf, pdl, early and dq options are for decode "
-                         "blocks (1-2 pairs) only")
+        raise ValueError(f"block_m {bm}: the packed, paired, tiled, -o, pf, pdl, early, dq and 2r options are for "
+                         "decode blocks (1-2 pairs) only")
     interpreted = os.environ.get("TRITON_INTERPRET") == "1"  # the interpreter runs no inline PTX
     if (cfg.pdl or cfg.early) and not interpreted and pdl_reason(batch.x.device):
         raise ValueError(f"pdl/early: {pdl_reason(batch.x.device)}")
@@ -843,10 +1004,15 @@ def prepare(cfg: Config, qweight, scales, group: int, batch, out: torch.Tensor):
                     num_stages=c.num_stages)
         if c.maxnreg and not interpreted:
             opts["maxnreg"] = c.maxnreg
+        if c.per_sm and not interpreted:
+            # ptxas sizes its registers by the residency the shared memory leaves (95 instead of 64 for
+            # m1n16k512w2-2r at -o12: 10 programs per SM, not 12): keep it to what N programs can hold.
+            fit = REGISTERS_PER_SM // (c.per_sm * c.num_warps * 32) // 8 * 8
+            opts["maxnreg"] = min(c.maxnreg or fit, fit)
         if kernel is _moe_down_vec:
             opts.update(STAGES=c.num_stages, PACKED=c.packed, HALF=x.dtype == torch.float16, TILED=c.tiled,
                         PAIRED=c.paired, PREFETCH=c.prefetch, PDL=c.pdl, EARLY=c.early, LAUNCH=launch,
-                        DQ=c.dequant_early)
+                        DQ=c.dequant_early, TWO_ROWS=c.two_rows)
             if c.early and not interpreted:
                 opts["launch_pdl"] = True
         return opts
@@ -857,6 +1023,9 @@ def prepare(cfg: Config, qweight, scales, group: int, batch, out: torch.Tensor):
         for c in (cfg, cfg.singles or cfg):
             if c.dequant_early and not c.paired:
                 raise ValueError("-dq dequantizes paired packed words: add -packed-paired")
+            if c.two_rows and (not c.paired or c.dequant_early or c.block_k < group):
+                raise ValueError(f"-2r pairs the word rows of one scale group: it needs -packed-paired, no -dq, and "
+                                 f"K-blocks of whole groups (block_k {c.block_k} >= group {group})")
         if cfg.paired:
             qweight = pair_nibbles(qweight)
         if cfg.tiled:
@@ -876,6 +1045,13 @@ def prepare(cfg: Config, qweight, scales, group: int, batch, out: torch.Tensor):
         parts.append((*singles, cfg.singles, 1, 2 if concurrent else 0))
     launches = [(ids, experts, triton.cdiv(n, c.block_n), options(c, m, launch))
                 for ids, experts, c, m, launch in parts]
+    for (ids, experts, tiles, opts), (_, _, c, _, _) in zip(launches, parts, strict=True):
+        if c.per_sm and not interpreted and experts.numel():
+            # The pad depends on the shared memory Triton's own code takes: compile once without it.
+            own = kernel.warmup(x, qweight, scales, ids, experts, rw, part, out, cnt, p, n, k, tiles,
+                                grid=(1,), **opts).metadata.shared
+            pad = residency_pad(dev, c.per_sm, own)
+            opts.update(PAD=pad, PAD_ASM=_pad_asm(pad))
 
     def run():
         for ids, experts, tiles, opts in launches:
