@@ -154,7 +154,7 @@ def load_tuned(path) -> dict:
 
 
 LABEL = re.compile(r"m(\d+)n(\d+)k(\d+)s(\d+)w(\d+)st(\d+)(sum|fused)(-packed)?(-paired)?(-tiled)?(?:-r(\d+))?"
-                   r"(?:-o(\d+))?(-pf)?(-pdl)?(-early)?(-dq)?(-2r)?$")
+                   r"(-pf)?(-pdl)?(-early)?(-dq)?(-2r)?$")
 
 
 def parse_label(label: str):
@@ -173,9 +173,8 @@ def parse_label(label: str):
     bm, bn, bk, split, warps, stages = map(int, m.groups()[:6])
     return Config(bm, bn, bk, split, warps, stages, fused_reduce=m.group(7) == "fused", packed=m.group(8) is not None,
                   paired=m.group(9) is not None, tiled=m.group(10) is not None, maxnreg=int(m.group(11) or 0),
-                  per_sm=int(m.group(12) or 0), prefetch=m.group(13) is not None, pdl=m.group(14) is not None,
-                  early=m.group(15) is not None, dequant_early=m.group(16) is not None,
-                  two_rows=m.group(17) is not None)
+                  prefetch=m.group(12) is not None, pdl=m.group(13) is not None, early=m.group(14) is not None,
+                  dequant_early=m.group(15) is not None, two_rows=m.group(16) is not None)
 
 
 def parse_tiling(label: str):
@@ -187,7 +186,7 @@ def parse_tiling(label: str):
     except ValueError:
         raise UsageError(f"--tilings: {label!r} is not a tiling label; write it as the sweep prints it, "
                          "e.g. m1n32k512s1w4st1sum-packed-paired-pf-pdl-early, flags in the order "
-                         "-packed -paired -tiled -rN -oN -pf -pdl -early -dq -2r; a mixed tiling joins a 2-pair and a "
+                         "-packed -paired -tiled -rN -pf -pdl -early -dq -2r; a mixed tiling joins a 2-pair and a "
                          "1-pair label with +") from None
 
 
