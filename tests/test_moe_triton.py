@@ -147,11 +147,12 @@ def test_mixed_tiling_is_a_two_pair_and_a_one_pair_tiling_that_agree():
 @pytest.mark.parametrize("k,tokens,label", [
     (1536, 1, "m1n16k512s1w2st1sum-packed-paired"),  # several K-blocks: narrow tiles, no prefetch
     (384, 1, "m1n32k512s1w4st1sum-packed-paired-pf"),  # one (masked) K-block
-    (1536, 4, "m1n32k512s1w4st1sum-packed-paired-pf"),
-    # shared experts: 2-pair blocks of an expert's pairs of pairs, the odd pairs as below
-    (1536, 16, "m2n64k128s1w2st1sum-packed-paired+m1n64k128s1w2st1sum-packed-paired-pf"),
+    (1536, 4, "m1n32k512s1w4st1sum-packed-paired-pf-2r"),  # 2-4 tokens over several blocks: row pairs
+    (1536, 2, "m1n32k512s1w4st1sum-packed-paired-pf-2r"),
+    # shared experts: 2-pair blocks of an expert's pairs of pairs, the odd pairs as below, both with row pairs
+    (1536, 16, "m2n64k128s1w2st1sum-packed-paired-2r+m1n64k128s1w2st1sum-packed-paired-pf-2r"),
     (384, 4, "m1n64k128s1w2st1sum-packed-paired-pf"),
-    (384, 16, "m2n64k128s1w2st1sum-packed-paired+m1n64k128s1w2st1sum-packed-paired-pf"),
+    (384, 16, "m2n64k128s1w2st1sum-packed-paired-2r+m1n64k128s1w2st1sum-packed-paired-pf-2r"),
 ])
 def test_htile_decode_policy_follows_the_h200_sweeps(k, tokens, label):
     """The decode tilings results/moe-down-h200.md measured fastest (here without PDL: a CPU batch)."""
@@ -197,6 +198,23 @@ def test_dequantizing_before_the_wait_needs_paired_packed_words():
                         w.qweight, w.scales, w.group, batch, out)
 
 
+def test_row_pairs_need_paired_words_in_whole_groups():
+    import torch
+
+    from b70bench.moe import kernels, shapes
+
+    shape = shapes.MoeShape(hidden=64, intermediate=256, experts=8, topk=2)
+    w = shapes.random_weights(shape, 256, torch.bfloat16, torch.device("cpu"), 0)
+    batch = shapes.random_batch(shape, 256, 1, torch.bfloat16, torch.device("cpu"), 0)
+    out = torch.empty(1, 64, dtype=torch.bfloat16)
+    for cfg in (kernels.Config(block_m=1, block_n=32, block_k=256, packed=True, two_rows=True),
+                kernels.Config(block_m=1, block_n=32, block_k=64, packed=True, paired=True, two_rows=True),
+                kernels.Config(block_m=1, block_n=32, block_k=256, packed=True, paired=True, dequant_early=True,
+                               two_rows=True)):
+        with pytest.raises(ValueError, match="-2r pairs the word rows of one scale group"):
+            kernels.prepare(cfg, w.qweight, w.scales, w.group, batch, out)
+
+
 def test_dq_keeps_the_first_blocks_dequantization_before_the_wait_in_sass():
     """-dq pays only if the dequantization runs before griddepcontrol.wait (SASS ACQBULK); ptxas sinks it
     past the wait unless the kernel's branch on the dequantized tile holds it (results/moe-down-h200.md,
@@ -221,7 +239,7 @@ def test_dq_keeps_the_first_blocks_dequantization_before_the_wait_in_sass():
             "rw_ptr": "*fp32", "part_ptr": "*fp32", "out_ptr": "*bf16", "cnt_ptr": "*i32"}
     consts = dict(TOPK=8, GROUP=128, BLOCK_M=1, BLOCK_N=c.block_n, BLOCK_K=c.block_k, SPLIT_K=1, FUSED_REDUCE=False,
                   ASM=True, STAGES=1, PACKED=True, HALF=False, TILED=False, PAIRED=True, PREFETCH=True, PDL=True,
-                  EARLY=True, LAUNCH=0, DQ=True)
+                  EARLY=True, LAUNCH=0, DQ=True, TWO_ROWS=False)
     names = fn.arg_names
     sig = {n: ptrs.get(n, "constexpr" if n in consts else "i32") for n in names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if n in ptrs or n in ("N", "K")}

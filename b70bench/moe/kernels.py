@@ -512,12 +512,12 @@ def _moe_down_vec(x_ptr, qw_ptr, sc_ptr, pair_ptr, blk_expert_ptr, rw_ptr, part_
     # cannot do (decode rows are bound by the bytes each SM has in flight; results/moe-down-h200.md).
     if TWO_ROWS:
         # -2r (paired words, K-blocks of whole groups): as the branch below, over pairs of word rows of one scale
-        # group, so the accumulators hold half the rows.
-        rows = _first_rows(BLOCK_K, GROUP)
-        acc0 = tl.zeros((BLOCK_K // (2 * PACK_C), BLOCK_N), dtype=tl.float32)
+        # group, so its accumulators (half_acc*) hold half the rows.
+        first = _first_rows(BLOCK_K, GROUP)
+        half_acc0 = tl.zeros((BLOCK_K // (2 * PACK_C), BLOCK_N), dtype=tl.float32)
         if BLOCK_M == 2:
-            acc1 = tl.zeros((BLOCK_K // (2 * PACK_C), BLOCK_N), dtype=tl.float32)
-        qa, qb, s = _two_row_weights(qw_base, sc_base, k_lo, k_end, rows, w_cols, n_ok, w_stride, GROUP)
+            half_acc1 = tl.zeros((BLOCK_K // (2 * PACK_C), BLOCK_N), dtype=tl.float32)
+        qa, qb, s = _two_row_weights(qw_base, sc_base, k_lo, k_end, first, w_cols, n_ok, w_stride, GROUP)
         if EARLY and ASM and LAUNCH != 2:
             tl.extra.cuda.gdc_wait()
         if PDL and ASM and LAUNCH == 1:
@@ -525,15 +525,15 @@ def _moe_down_vec(x_ptr, qw_ptr, sc_ptr, pair_ptr, blk_expert_ptr, rw_ptr, part_
         for kk in range(0, k_per, BLOCK_K):
             k0 = k_lo + kk
             if PREFETCH:
-                qa_next, qb_next, s_next = _two_row_weights(qw_base, sc_base, k0 + BLOCK_K, k_end, rows, w_cols,
+                qa_next, qb_next, s_next = _two_row_weights(qw_base, sc_base, k0 + BLOCK_K, k_end, first, w_cols,
                                                             n_ok, w_stride, GROUP)
-            acc0 += _two_row_products(qa, qb, s, x0, p0, k0, k_end, rows, P, GROUP, HALF, ASM)
+            half_acc0 += _two_row_products(qa, qb, s, x0, p0, k0, k_end, first, P, GROUP, HALF, ASM)
             if BLOCK_M == 2:
-                acc1 += _two_row_products(qa, qb, s, x1, p1, k0, k_end, rows, P, GROUP, HALF, ASM)
+                half_acc1 += _two_row_products(qa, qb, s, x1, p1, k0, k_end, first, P, GROUP, HALF, ASM)
             if PREFETCH:
                 qa, qb, s = qa_next, qb_next, s_next
             else:
-                qa, qb, s = _two_row_weights(qw_base, sc_base, k0 + BLOCK_K, k_end, rows, w_cols, n_ok, w_stride,
+                qa, qb, s = _two_row_weights(qw_base, sc_base, k0 + BLOCK_K, k_end, first, w_cols, n_ok, w_stride,
                                              GROUP)
     elif DQ:
         # -dq: the first K-block is also dequantized before the wait, so that after it only the products
@@ -608,10 +608,18 @@ def _moe_down_vec(x_ptr, qw_ptr, sc_ptr, pair_ptr, blk_expert_ptr, rw_ptr, part_
             if BLOCK_M == 2:
                 acc1 += _block_products(q, s, x1, p1, k0, k_end, rows, P, PACKED, PAIRED, HALF, ASM)
     part = part_ptr + pid_k * P * N + offs_n
-    res0 = tl.sum(acc0, axis=0) * tl.load(rw_ptr + p0, mask=p0 < P, other=0.0)
+    if TWO_ROWS:
+        col0 = tl.sum(half_acc0, axis=0)
+        if BLOCK_M == 2:
+            col1 = tl.sum(half_acc1, axis=0)
+    else:
+        col0 = tl.sum(acc0, axis=0)
+        if BLOCK_M == 2:
+            col1 = tl.sum(acc1, axis=0)
+    res0 = col0 * tl.load(rw_ptr + p0, mask=p0 < P, other=0.0)
     tl.store(part + p0.to(tl.int64) * N, res0, mask=n_ok & ((offs_n * 0 + p0) < P))
     if BLOCK_M == 2:
-        res1 = tl.sum(acc1, axis=0) * tl.load(rw_ptr + p1, mask=p1 < P, other=0.0)
+        res1 = col1 * tl.load(rw_ptr + p1, mask=p1 < P, other=0.0)
         tl.store(part + p1.to(tl.int64) * N, res1, mask=n_ok & ((offs_n * 0 + p1) < P))
     if LAUNCH == 2 and ASM:
         tl.extra.cuda.gdc_wait()

@@ -40,6 +40,10 @@ def configs(k: int, group: int, auto_bm: int, n: int = 3072, blocks: dict | None
             for pf in (True, False):
                 seeds.append(Config(block_m=1, block_n=bn, block_k=bk, num_warps=warps, num_stages=1,
                                     packed=True, paired=True, prefetch=pf, pdl=pdl, early=pdl))
+        for bn, bk, warps in ((32, deep, 4), (64, 128, 2)):  # two rows of a group per 16-bit sum (runs 59-61)
+            if bk >= group:
+                seeds.append(Config(block_m=1, block_n=bn, block_k=bk, num_warps=warps, num_stages=1, packed=True,
+                                    paired=True, prefetch=True, pdl=pdl, early=pdl, two_rows=True))
         if pdl:  # both 256-deep blocks of a short split before the wait, the first dequantized there (run 50)
             seeds.append(Config(block_m=1, block_n=32, block_k=256, num_warps=2, num_stages=1, packed=True,
                                 paired=True, prefetch=True, pdl=True, early=True, dequant_early=True))
@@ -48,6 +52,9 @@ def configs(k: int, group: int, auto_bm: int, n: int = 3072, blocks: dict | None
                      prefetch=True, pdl=pdl, early=pdl)
         for bn, bk in ((64, 128), (32, 256)):
             seeds.append(replace(one, block_m=2, block_n=bn, block_k=bk, prefetch=False, singles=one))
+        if group <= 128:  # both launches with -2r (run 59)
+            two = replace(one, two_rows=True)
+            seeds.insert(len(seeds) - 2, replace(two, block_m=2, prefetch=False, singles=two))
     cands = []
     for bm, bn, warps, split, fused, packed, stages in itertools.product(
             bms, (128, 64, 256), (4, 8), (1, 2, 3, 4, 6, 8), (True, False), (True, False), (3, 1, 4)):

@@ -221,16 +221,22 @@ class TritonVariant:
                 bn, bk, warps = 32, min(512, 1 << max(7, (k - 1).bit_length())), 4
             else:
                 bn, bk, warps = 64, 128, 2
+            # -2r (two word rows of a scale group per 16-bit sum, ~12% fewer instructions per word) where the
+            # products bound the time: runs 59-61, TP1 tokens 2/4 13.1/22.9 vs 14.1/25.2 us. Not for one token
+            # (fewer registers, more programs per SM: 9.5 vs 8.4 us) nor TP4 tokens 4 (9.6 vs 9.0).
+            two_rows = packed and bk >= group and batch.tokens > 1 and k > 512
             cfg = kernels.Config(block_m=1, block_n=bn, block_k=bk, num_warps=warps, num_stages=1,
                                  fused_reduce=False, packed=packed, paired=packed, prefetch=prefetch, pdl=pdl,
-                                 early=pdl)
+                                 early=pdl, two_rows=two_rows)
             if batch.tokens > 4 and batch.ids_cpu.numel() >= 1.5 * batch.experts_hit:
                 # Where experts are shared (16 tokens: 128 pairs on ~74 experts) the products bound the
                 # time, not the bytes: an expert's pairs of pairs share one dequantization in 2-pair blocks,
                 # the odd pairs keep this tiling in a second launch running at the same time (with PDL).
                 # Run 42: TP1 tokens 16 73.1-73.3 vs 83.9-84.3 us, TP4 23.2-23.3 vs 25.0-25.2 us; at 4 tokens
                 # (few shared experts) mixing was slower (run 40).
-                cfg = replace(cfg, block_m=2, prefetch=False, singles=cfg)
+                # Both launches -2r: run 59, TP1 tokens 16 64.5 vs 72.2 us, TP4 21.3 vs 23.1.
+                one = replace(cfg, two_rows=packed and bk >= group)
+                cfg = replace(one, block_m=2, prefetch=False, singles=one)
             return replace(cfg, **self.overrides)
         bn = 32
         n_blocks = sum(-(-c // bm) for c in torch.bincount(batch.ids_cpu.flatten()).tolist() if c)
