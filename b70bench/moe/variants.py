@@ -202,8 +202,8 @@ class TritonVariant:
             # tiles of 2 warps looping over 128-deep blocks (mixed with 2-pair blocks, below). All but the
             # 16-wide tiles and the 2-pair blocks hold the next block's words in registers (pf); all use
             # the packed dequant on paired nibbles and, on Hopper+, programmatic dependent launch (pdl: the
-            # sum kernel under the main kernel; early: the main kernel under the previous one). Run 43:
-            # TP1 tokens 1/4/16 8.63/25.90/72.49 us, TP4 4.36/9.12/28.34 us.
+            # sum kernel under the main kernel; early: the main kernel under the previous one). Run 63:
+            # TP1 tokens 1/4/16 8.44/23.22/63.60 us, TP4 3.65/9.09/26.64 us.
             packed = batch.x.dtype in (torch.float16, torch.bfloat16)
             prefetch = True
             pdl = kernels.pdl_reason(batch.x.device) is None
