@@ -40,7 +40,7 @@ def configs(k: int, group: int, auto_bm: int, n: int = 3072, blocks: dict | None
             for pf in (True, False):
                 seeds.append(Config(block_m=1, block_n=bn, block_k=bk, num_warps=warps, num_stages=1,
                                     packed=True, paired=True, prefetch=pf, pdl=pdl, early=pdl))
-        for bn, bk, warps in ((32, deep, 4), (64, 128, 2)):  # two rows of a group per 16-bit sum (runs 59-61)
+        for bn, bk, warps in ((32, deep, 4), (64, 128, 2)):  # two rows of a group per 16-bit sum (runs 59, 62)
             if bk >= group:
                 seeds.append(Config(block_m=1, block_n=bn, block_k=bk, num_warps=warps, num_stages=1, packed=True,
                                     paired=True, prefetch=True, pdl=pdl, early=pdl, two_rows=True))

@@ -222,7 +222,7 @@ class TritonVariant:
             else:
                 bn, bk, warps = 64, 128, 2
             # -2r (two word rows of a scale group per 16-bit sum, ~12% fewer instructions per word) where the
-            # products bound the time: runs 59-61, TP1 tokens 2/4 13.1/22.9 vs 14.1/25.2 us. Not for one token
+            # products bound the time: runs 59 and 62, TP1 tokens 2/4 13.1/22.9 vs 14.1/25.2 us. Not for one token
             # (fewer registers, more programs per SM: 9.5 vs 8.4 us) nor TP4 tokens 4 (9.6 vs 9.0).
             two_rows = packed and bk >= group and batch.tokens > 1 and k > 512
             cfg = kernels.Config(block_m=1, block_n=bn, block_k=bk, num_warps=warps, num_stages=1,
