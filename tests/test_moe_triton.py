@@ -169,7 +169,9 @@ def test_htile_decode_policy_follows_the_h200_sweeps(k, tokens, label):
 @pytest.mark.parametrize("k,tokens,label", [
     (384, 1, "m1n32k256s1w2st1sum-packed-paired-pf-pdl-early-dq"),  # the split in two blocks, before the wait
     (256, 1, "m1n32k256s1w2st1sum-packed-paired-pf-pdl-early-dq"),
-    (768, 1, "m1n16k512s1w2st1sum-packed-paired-pdl-early"),  # more K than fits before the wait
+    # more K than fits before the wait: -2r tiles capped at the grid's share of an H200's 132 SMs (8 x 96 / 132)
+    (768, 1, "m1n32k512s1w4st1sum-packed-paired-o6-pdl-early-2r"),
+    (1536, 1, "m1n32k512s1w4st1sum-packed-paired-o6-pdl-early-2r"),
     (384, 4, "m1n64k128s1w2st1sum-packed-paired-pf-pdl-early"),
 ])
 def test_htile_decode_policy_with_programmatic_dependent_launch(monkeypatch, k, tokens, label):
@@ -179,6 +181,7 @@ def test_htile_decode_policy_with_programmatic_dependent_launch(monkeypatch, k, 
     from b70bench.moe import kernels, shapes, variants
 
     monkeypatch.setattr(kernels, "pdl_reason", lambda device: None)
+    monkeypatch.setattr(variants, "_sm_count", lambda device: 132)
     shape = shapes.MoeShape(hidden=3072, intermediate=k, experts=256, topk=8)
     batch = shapes.random_batch(shape, k, tokens, torch.bfloat16, torch.device("cpu"), 0)
     assert variants.TritonVariant("triton-htile", htile=True).choose(k, 3072, batch, 128).label() == label
@@ -196,6 +199,29 @@ def test_dequantizing_before_the_wait_needs_paired_packed_words():
     with pytest.raises(ValueError, match="-dq dequantizes paired packed words"):
         kernels.prepare(kernels.Config(block_m=1, block_n=32, block_k=256, packed=True, dequant_early=True),
                         w.qweight, w.scales, w.group, batch, out)
+
+
+def test_residency_pad_fits_n_programs_per_sm_and_not_one_more(monkeypatch):
+    import types
+
+    import torch
+
+    from b70bench.moe import kernels
+
+    sm = 233472  # an H200's shared memory per SM
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda device: types.SimpleNamespace(shared_memory_per_multiprocessor=sm))
+    cuda = torch.device("cuda")
+    for per_sm, own in ((6, 512), (12, 256), (12, 128), (20, 0)):
+        pad = kernels.residency_pad(cuda, per_sm, own)
+        per_program = pad + own + kernels.RESERVED_SMEM  # the pad, Triton's own shared memory, the reserve
+        assert per_sm * per_program <= sm < (per_sm + 1) * per_program, (per_sm, own)
+    with pytest.raises(ValueError, match="more than the 49152 bytes of static shared memory"):
+        kernels.residency_pad(cuda, 3, 512)
+    with pytest.raises(ValueError, match="already holds"):
+        kernels.residency_pad(cuda, 200, 4096)
+    with pytest.raises(ValueError, match="this is cpu"):
+        kernels.residency_pad(torch.device("cpu"), 6, 0)
 
 
 def test_row_pairs_need_paired_words_in_whole_groups():
@@ -239,7 +265,7 @@ def test_dq_keeps_the_first_blocks_dequantization_before_the_wait_in_sass():
             "rw_ptr": "*fp32", "part_ptr": "*fp32", "out_ptr": "*bf16", "cnt_ptr": "*i32"}
     consts = dict(TOPK=8, GROUP=128, BLOCK_M=1, BLOCK_N=c.block_n, BLOCK_K=c.block_k, SPLIT_K=1, FUSED_REDUCE=False,
                   ASM=True, STAGES=1, PACKED=True, HALF=False, TILED=False, PAIRED=True, PREFETCH=True, PDL=True,
-                  EARLY=True, LAUNCH=0, DQ=True, TWO_ROWS=False)
+                  EARLY=True, LAUNCH=0, DQ=True, TWO_ROWS=False, PAD=0, PAD_ASM="")
     names = fn.arg_names
     sig = {n: ptrs.get(n, "constexpr" if n in consts else "i32") for n in names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if n in ptrs or n in ("N", "K")}

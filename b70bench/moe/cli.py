@@ -64,7 +64,7 @@ def register(sub) -> None:
                                                    "from this sweep JSON (default: its heuristic)")
     p.add_argument("--tilings", nargs="+", metavar="LABEL",
                    help="with --tune: sweep only these tilings, e.g. m1n32k512s1w4st1sum-packed-paired-pf-pdl-early "
-                        "(as the sweep prints them; flags in the order -packed -paired -tiled -rN -pf -pdl -early "
+                        "(as the sweep prints them; flags in the order -packed -paired -tiled -rN -oN -pf -pdl -early "
                         "-dq -2r; block_m 0 = from the routing; m2...+m1...: a mixed tiling, 2-pair blocks of an "
                         "expert's pairs of pairs, the odd pairs with the 1-pair tiling)")
     p.add_argument("--tune-seconds", type=float, default=1e9, help="stop starting new tilings after this long")

@@ -465,7 +465,8 @@ def _moe_down_vec(x_ptr, qw_ptr, sc_ptr, pair_ptr, blk_expert_ptr, rw_ptr, part_
                   BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, FUSED_REDUCE: tl.constexpr, ASM: tl.constexpr,
                   STAGES: tl.constexpr, PACKED: tl.constexpr, HALF: tl.constexpr, TILED: tl.constexpr,
                   PAIRED: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr, EARLY: tl.constexpr,
-                  LAUNCH: tl.constexpr = 0, DQ: tl.constexpr = False, TWO_ROWS: tl.constexpr = False):
+                  LAUNCH: tl.constexpr = 0, DQ: tl.constexpr = False, TWO_ROWS: tl.constexpr = False,
+                  PAD: tl.constexpr = 0, PAD_ASM: tl.constexpr = ""):
     """Decode: 1 or 2 pairs per block. Each pair accumulates scaled products in a
     [BLOCK_K/8, BLOCK_N] fp32 tile laid out like the loaded words (2D, so every op keeps the
     load's layout); the word rows are summed once, after the K loop.
@@ -474,6 +475,9 @@ def _moe_down_vec(x_ptr, qw_ptr, sc_ptr, pair_ptr, blk_expert_ptr, rw_ptr, part_
     time. 1 lets the next launch start only after its own wait, when the activations are ready; 2,
     launched under it, so reads them without a wait, and waits for the first grid before it ends, so
     that whatever waits for it (the sum kernel) also waits for both."""
+    if PAD > 0 and ASM:
+        # -oN: PAD bytes of shared memory held so that at most N programs share an SM (residency_pad).
+        tl.inline_asm_elementwise(PAD_ASM, "=r,r", [P], dtype=tl.int32, is_pure=False, pack=1)
     if PDL and ASM and LAUNCH != 1:
         # What follows may launch now (the sum kernel; with FUSED_REDUCE the next kernel, if it is
         # launched for it); it waits (gdc_wait) for this whole grid before reading what it wrote.
@@ -742,6 +746,11 @@ class Config:
     packed: bool = False  # decode blocks: 16x2 packed dequant and products (_word_dot) instead of fp32 planes
     tiled: bool = False  # decode blocks: weights repacked N-tile-major once per weight set (tile_weights)
     maxnreg: int = 0  # registers per thread ptxas may use (0: its choice); fewer = more programs resident
+    # decode blocks, CUDA: at most this many programs per SM (0: no cap), by shared memory each program holds
+    # (-oN, residency_pad). Where the registers leave more slots than a one-wave grid needs, the next call's
+    # programs (launched early under PDL) fill them unevenly as this call's leave (results/moe-down-h200.md,
+    # session 7). The cap takes the L1 cache's share of the SM's memory, which 16-wide 2-warp tiles need.
+    per_sm: int = 0
     paired: bool = False  # packed decode: nibbles reordered (pair_nibbles) so x pairs are single 32-bit loads
     prefetch: bool = False  # decode blocks: the next K-block's words loaded before this block's products
     # Decode blocks, CUDA sm_90+ (programmatic dependent launch; the interpreter runs the kernels without it):
@@ -762,6 +771,7 @@ class Config:
         red = "fused" if self.fused_reduce else "sum"
         flags = ("-packed" if self.packed else "") + ("-paired" if self.paired else "")
         flags += ("-tiled" if self.tiled else "") + (f"-r{self.maxnreg}" if self.maxnreg else "")
+        flags += f"-o{self.per_sm}" if self.per_sm else ""
         flags += ("-pf" if self.prefetch else "") + ("-pdl" if self.pdl else "") + ("-early" if self.early else "")
         flags += ("-dq" if self.dequant_early else "") + ("-2r" if self.two_rows else "")
         own = (f"m{self.block_m}n{self.block_n}k{self.block_k}s{self.split_k}"
@@ -929,6 +939,36 @@ def pair_nibbles(qweight: torch.Tensor) -> torch.Tensor:
     return _derived(qweight, "paired", make)
 
 
+RESERVED_SMEM = 1024  # shared memory the CUDA runtime reserves per program (sm_80+)
+REGISTERS_PER_SM = 65536  # sm_70 to sm_90
+STATIC_SMEM_MAX = 48 * 1024  # ptxas: 'uses too much shared data' above it
+
+
+def residency_pad(device: torch.device, per_sm: int, own_smem: int) -> int:
+    """Bytes of shared memory a program holds, besides its own `own_smem`, so that per_sm programs fit on an
+    SM and per_sm + 1 do not (-oN). Registers cap the programs per SM too, at a step of 8 registers per
+    thread; this cap is exact."""
+    if device.type != "cuda":
+        raise ValueError(f"-o{per_sm} pads CUDA programs with PTX shared memory; this is {device.type}")
+    per_program = torch.cuda.get_device_properties(device).shared_memory_per_multiprocessor // per_sm
+    # A program takes pad + own + the reserve (H200, cuOccupancyMaxActiveBlocksPerMultiprocessor: 12 programs
+    # of 17152 + 256 bytes per SM); cuobjdump counts the reserve in the static size, the runtime adds it.
+    pad = (per_program - RESERVED_SMEM - own_smem) // 128 * 128
+    if pad < 0:
+        raise ValueError(f"-o{per_sm}: a program already holds {own_smem + RESERVED_SMEM} bytes of shared memory, "
+                         f"more than 1/{per_sm} of an SM's; ask for fewer programs per SM")
+    if pad + RESERVED_SMEM > STATIC_SMEM_MAX:
+        raise ValueError(f"-o{per_sm}: the pad would be {pad} bytes, more than the {STATIC_SMEM_MAX} bytes of static "
+                         "shared memory a kernel may declare; ask for more programs per SM")
+    return pad
+
+
+def _pad_asm(pad: int) -> str:
+    # A static shared array the program never reads: a store under a predicate no launch meets keeps it.
+    return (f"{{ .shared .align 16 .b8 b70bench_pad[{pad}]; .reg .pred p; setp.eq.u32 p, $1, 0x7FC00001; "
+            "@p st.shared.u32 [b70bench_pad], $1; mov.u32 $0, 0; }")
+
+
 def pdl_reason(device: torch.device) -> str | None:
     """Why programmatic dependent launch (pdl, early) cannot run on this device, or None."""
     if device.type != "cuda":
@@ -965,9 +1005,9 @@ def prepare(cfg: Config, qweight, scales, group: int, batch, out: torch.Tensor):
     else:
         raise ValueError(f"block_m {bm}: 1 or 2 pairs per block, or 16+ with a {DOT_K}-deep K-block in one group")
     if (cfg.tiled or cfg.packed or cfg.paired or cfg.prefetch or cfg.pdl or cfg.early or cfg.dequant_early
-            or cfg.two_rows) \
+            or cfg.two_rows or cfg.per_sm) \
             and kernel is not _moe_down_vec:
-        raise ValueError(f"block_m {bm}: the packed, paired, tiled, pf, pdl, early, dq and 2r options are for "
+        raise ValueError(f"block_m {bm}: the packed, paired, tiled, -o, pf, pdl, early, dq and 2r options are for "
                          "decode blocks (1-2 pairs) only")
     interpreted = os.environ.get("TRITON_INTERPRET") == "1"  # the interpreter runs no inline PTX
     if (cfg.pdl or cfg.early) and not interpreted and pdl_reason(batch.x.device):
@@ -981,6 +1021,11 @@ def prepare(cfg: Config, qweight, scales, group: int, batch, out: torch.Tensor):
                     num_stages=c.num_stages)
         if c.maxnreg and not interpreted:
             opts["maxnreg"] = c.maxnreg
+        if c.per_sm and not interpreted:
+            # ptxas sizes its registers by the residency the shared memory leaves (95 instead of 64 for
+            # m1n16k512w2-2r at -o12: 10 programs per SM, not 12): keep it to what N programs can hold.
+            fit = REGISTERS_PER_SM // (c.per_sm * c.num_warps * 32) // 8 * 8
+            opts["maxnreg"] = min(c.maxnreg or fit, fit)
         if kernel is _moe_down_vec:
             opts.update(STAGES=c.num_stages, PACKED=c.packed, HALF=x.dtype == torch.float16, TILED=c.tiled,
                         PAIRED=c.paired, PREFETCH=c.prefetch, PDL=c.pdl, EARLY=c.early, LAUNCH=launch,
@@ -1017,6 +1062,13 @@ def prepare(cfg: Config, qweight, scales, group: int, batch, out: torch.Tensor):
         parts.append((*singles, cfg.singles, 1, 2 if concurrent else 0))
     launches = [(ids, experts, triton.cdiv(n, c.block_n), options(c, m, launch))
                 for ids, experts, c, m, launch in parts]
+    for (ids, experts, tiles, opts), (_, _, c, _, _) in zip(launches, parts, strict=True):
+        if c.per_sm and not interpreted and experts.numel():
+            # The pad depends on the shared memory Triton's own code takes: compile once without it.
+            own = kernel.warmup(x, qweight, scales, ids, experts, rw, part, out, cnt, p, n, k, tiles,
+                                grid=(1,), **opts).metadata.shared
+            pad = residency_pad(dev, c.per_sm, own)
+            opts.update(PAD=pad, PAD_ASM=_pad_asm(pad))
 
     def run():
         for ids, experts, tiles, opts in launches:

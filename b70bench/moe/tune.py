@@ -44,6 +44,10 @@ def configs(k: int, group: int, auto_bm: int, n: int = 3072, blocks: dict | None
             if bk >= group:
                 seeds.append(Config(block_m=1, block_n=bn, block_k=bk, num_warps=warps, num_stages=1, packed=True,
                                     paired=True, prefetch=True, pdl=pdl, early=pdl, two_rows=True))
+        if pdl and auto_bm == 1 and deep >= group:  # -2r capped at the grid's share of SM slots (runs 60-65)
+            programs = (blocks or {}).get(1, 8) * -(-n // 32)
+            seeds.append(Config(block_m=1, block_n=32, block_k=deep, num_warps=4, num_stages=1, packed=True,
+                                paired=True, pdl=True, early=True, two_rows=True, per_sm=-(-programs // sms)))
         if pdl:  # both 256-deep blocks of a short split before the wait, the first dequantized there (run 50)
             seeds.append(Config(block_m=1, block_n=32, block_k=256, num_warps=2, num_stages=1, packed=True,
                                 paired=True, prefetch=True, pdl=True, early=True, dequant_early=True))
@@ -161,7 +165,7 @@ def load_tuned(path) -> dict:
 
 
 LABEL = re.compile(r"m(\d+)n(\d+)k(\d+)s(\d+)w(\d+)st(\d+)(sum|fused)(-packed)?(-paired)?(-tiled)?(?:-r(\d+))?"
-                   r"(-pf)?(-pdl)?(-early)?(-dq)?(-2r)?$")
+                   r"(?:-o(\d+))?(-pf)?(-pdl)?(-early)?(-dq)?(-2r)?$")
 
 
 def parse_label(label: str):
@@ -180,8 +184,9 @@ def parse_label(label: str):
     bm, bn, bk, split, warps, stages = map(int, m.groups()[:6])
     return Config(bm, bn, bk, split, warps, stages, fused_reduce=m.group(7) == "fused", packed=m.group(8) is not None,
                   paired=m.group(9) is not None, tiled=m.group(10) is not None, maxnreg=int(m.group(11) or 0),
-                  prefetch=m.group(12) is not None, pdl=m.group(13) is not None, early=m.group(14) is not None,
-                  dequant_early=m.group(15) is not None, two_rows=m.group(16) is not None)
+                  per_sm=int(m.group(12) or 0), prefetch=m.group(13) is not None, pdl=m.group(14) is not None,
+                  early=m.group(15) is not None, dequant_early=m.group(16) is not None,
+                  two_rows=m.group(17) is not None)
 
 
 def parse_tiling(label: str):
@@ -193,7 +198,7 @@ def parse_tiling(label: str):
     except ValueError:
         raise UsageError(f"--tilings: {label!r} is not a tiling label; write it as the sweep prints it, "
                          "e.g. m1n32k512s1w4st1sum-packed-paired-pf-pdl-early, flags in the order "
-                         "-packed -paired -tiled -rN -pf -pdl -early -dq -2r; a mixed tiling joins a 2-pair and a "
+                         "-packed -paired -tiled -rN -oN -pf -pdl -early -dq -2r; a mixed tiling joins a 2-pair and a "
                          "1-pair label with +") from None
 
 
