@@ -20,7 +20,8 @@ K-block's words in registers), and on Hopper+ programmatic dependent launch: `pd
 kernel launched under the main kernel, letting what follows launch before it waits), `early`
 (the main kernel launched under the previous one, its weights streamed before it waits), and `dequant_early`
 (-dq: the first K-block also dequantized before that wait, only its products after it), and `two_rows`
-(-2r: two word rows of one scale group share each 16x2 sum, halves-sum, scale and accumulation). A mixed
+(-2r: two word rows of one scale group share each 16x2 sum, halves-sum, scale and accumulation), and `per_sm`
+(-oN: a shared-memory pad so that at most N programs share an SM). A mixed
 tiling (`singles`) puts only an expert's pairs of pairs in 2-pair blocks and the odd pairs in a
 second launch with a 1-pair tiling, the two running at the same time (LAUNCH). What each bought on
 the H200: results/moe-down-h200.md.
