@@ -62,14 +62,21 @@ cases = [
     ("fp16", 3, C(block_m=2, block_n=32, block_k=128, split_k=2, packed=True, paired=True, prefetch=True,
                   two_rows=True)),
     ("bf16", 3, C(block_m=1, block_n=32, block_k=128, split_k=4, packed=True, paired=True, two_rows=True)),
+    # scale groups of 64 (GROUP64 below): -2r partners 4 word rows apart; htile with 16+ pairs per expert, which
+    # cannot take dot blocks there, on 2-pair blocks
+    ("fp16", 1, C(block_m=1, block_n=32, block_k=128, packed=True, paired=True, prefetch=True, two_rows=True)),
+    ("bf16", 40, "htile"),
 ]
+GROUP64 = {len(cases) - 2, len(cases) - 1}
+shape64 = shapes.MoeShape(hidden=64, intermediate=256, experts=8, topk=2, group=64)
 out = []
 for i, (dt, tokens, cfg) in enumerate(cases):
     dtype = shapes.DTYPES[dt]
-    w = shapes.random_weights(shape, 256, dtype, torch.device("cpu"), i)
+    sh = shape64 if i in GROUP64 else shape
+    w = shapes.random_weights(sh, 256, dtype, torch.device("cpu"), i)
     if cfg == "htile":
         v = variants.TritonVariant("triton-htile", htile=True)
     else:
         v = variants.TritonVariant("t", config=cfg)
-    out.append(dict(case=i, **suite.check(v, variants.Reference(), shape, w, 256, tokens, dtype, dev, 100 + i)))
+    out.append(dict(case=i, **suite.check(v, variants.Reference(), sh, w, 256, tokens, dtype, dev, 100 + i)))
 json.dump(out, sys.stdout)

@@ -121,6 +121,37 @@ def test_plugin_failing_at_import_is_skipped_and_others_run(monkeypatch):
     assert by["reference"]["ok"] and by["fake-ok"]["ok"] and by["fake-ok"]["skipped"] is None
 
 
+def test_a_variant_failing_on_one_shape_is_a_failed_row_and_the_rest_runs(monkeypatch):
+    class Fails(variants.Reference):
+        name = "fails-at-5"
+
+        def prepare(self, weights, batch, out):
+            if batch.tokens == 5:
+                raise ValueError("no tiling fits this shape\nsecond line")
+            return super().prepare(weights, batch, out)
+
+    monkeypatch.setattr(variants, "builtins", lambda: [variants.Reference(), Fails()])
+    rows = _measure(variants=["fails-at-5", "reference"], tokens=(1, 5))
+    by = {(r["variant"], r["tokens"]): r for r in rows}
+    assert by[("fails-at-5", 5)]["skipped"] == "failed: ValueError: no tiling fits this shape"
+    assert by[("fails-at-5", 1)]["ok"] and by[("reference", 5)]["ok"] and by[("reference", 1)]["ok"]
+
+
+def test_groups_smaller_than_a_dot_block_take_two_pair_blocks():
+    """auto_block_m asks for tensor-core dots at 16+ pairs per expert; a 64-wide scale group cannot hold the
+    128-deep K-block a dot needs, so both Triton variants fall back to the 2-pair decode blocks (H200, 2026-12-01:
+    `--group 64` had ended the whole run with 'block_m 16: ... K-block in one group')."""
+    from b70bench.moe import kernels
+
+    shape = shapes.MoeShape(hidden=64, intermediate=256, experts=8, topk=2, group=64)
+    batch = shapes.random_batch(shape, 256, 40, torch.bfloat16, torch.device("cpu"), 0)
+    assert kernels.auto_block_m(batch.ids_cpu) >= kernels.DOT_MIN_M
+    for v in (variants.TritonVariant("triton"), variants.TritonVariant("triton-htile", htile=True)):
+        cfg = v.choose(256, 64, batch, 64)
+        assert cfg.block_m == 2, (v.name, cfg.label())
+        kernels.check_config(cfg, 256, 64)
+
+
 def test_cli_json_and_exit_codes(tmp_path, capsys):
     from b70bench.cli import main
 

@@ -148,6 +148,10 @@ def measure(dev: Device, variant_names: list[str] | None = None, tokens=TOKENS, 
                         row.update(_time(dev, v, wsets, batches, graph, repeat, warmup, mean_bytes, anchor))
                     except Unavailable as err:
                         reason = str(err)
+                    except Exception as err:  # one variant failing on one shape must not end the others' rows
+                        dev.synchronize()
+                        first = (str(err).splitlines() or [""])[0][:200]
+                        reason = f"failed: {type(err).__name__}: {first}"
                 row["skipped"] = reason
                 rows.append(records.record("moe-down", fingerprint=fp, **row))
             del wsets, batches, probe

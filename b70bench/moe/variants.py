@@ -188,6 +188,9 @@ class TritonVariant:
         if key in self.tuned:
             return self.tuned[key]
         bm = kernels.auto_block_m(batch.ids_cpu)
+        if bm >= kernels.DOT_MIN_M and group < kernels.DOT_K:
+            # A tensor-core dot needs a K-block of DOT_K within one scale group: smaller groups take 2-pair blocks.
+            bm = 2
         dot = bm >= kernels.DOT_MIN_M
         if not self.htile:
             bn = 64 if dot else 128
