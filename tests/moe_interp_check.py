@@ -66,8 +66,10 @@ cases = [
     # cannot take dot blocks there, on 2-pair blocks
     ("fp16", 1, C(block_m=1, block_n=32, block_k=128, packed=True, paired=True, prefetch=True, two_rows=True)),
     ("bf16", 40, "htile"),
+    # -2r on N-tile-major weights (the one-token policy's layout), group 128
+    ("bf16", 1, C(block_m=1, block_n=32, block_k=512, packed=True, paired=True, tiled=True, two_rows=True)),
 ]
-GROUP64 = {len(cases) - 2, len(cases) - 1}
+GROUP64 = {len(cases) - 3, len(cases) - 2}
 shape64 = shapes.MoeShape(hidden=64, intermediate=256, experts=8, topk=2, group=64)
 out = []
 for i, (dt, tokens, cfg) in enumerate(cases):

@@ -17,7 +17,7 @@ def test_triton_kernels_match_float64_in_interpreter():
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = json.loads(proc.stdout)
-    assert len(rows) == 27
+    assert len(rows) == 28
     for r in rows:
         assert r["ok"], r
         assert r["rel_err"] > 0  # a different summation order than float64: never bit-equal by chance
@@ -170,8 +170,8 @@ def test_htile_decode_policy_follows_the_h200_sweeps(k, tokens, label):
     (384, 1, "m1n32k256s1w2st1sum-packed-paired-pf-pdl-early-dq"),  # the split in two blocks, before the wait
     (256, 1, "m1n32k256s1w2st1sum-packed-paired-pf-pdl-early-dq"),
     # more K than fits before the wait: -2r tiles capped at the grid's share of an H200's 132 SMs (8 x 96 / 132)
-    (768, 1, "m1n32k512s1w4st1sum-packed-paired-o6-pdl-early-2r"),
-    (1536, 1, "m1n32k512s1w4st1sum-packed-paired-o6-pdl-early-2r"),
+    (768, 1, "m1n32k512s1w4st1sum-packed-paired-tiled-o6-pdl-early-2r"),
+    (1536, 1, "m1n32k512s1w4st1sum-packed-paired-tiled-o6-pdl-early-2r"),
     (384, 4, "m1n64k128s1w2st1sum-packed-paired-pf-pdl-early"),
 ])
 def test_htile_decode_policy_with_programmatic_dependent_launch(monkeypatch, k, tokens, label):

@@ -44,10 +44,12 @@ def configs(k: int, group: int, auto_bm: int, n: int = 3072, blocks: dict | None
             if bk >= group:
                 seeds.append(Config(block_m=1, block_n=bn, block_k=bk, num_warps=warps, num_stages=1, packed=True,
                                     paired=True, prefetch=True, pdl=pdl, early=pdl, two_rows=True))
-        if pdl and auto_bm == 1 and deep >= group:  # -2r capped at the grid's share of SM slots (runs 60-65)
+        if pdl and auto_bm == 1 and deep >= group:  # -2r capped at the grid's share of SM slots (runs 60-70)
             programs = (blocks or {}).get(1, 8) * -(-n // 32)
-            seeds.append(Config(block_m=1, block_n=32, block_k=deep, num_warps=4, num_stages=1, packed=True,
-                                paired=True, pdl=True, early=True, two_rows=True, per_sm=-(-programs // sms)))
+            for tiled in (True, False):
+                seeds.append(Config(block_m=1, block_n=32, block_k=deep, num_warps=4, num_stages=1, packed=True,
+                                    paired=True, tiled=tiled, pdl=True, early=True, two_rows=True,
+                                    per_sm=-(-programs // sms)))
         if pdl:  # both 256-deep blocks of a short split before the wait, the first dequantized there (run 50)
             seeds.append(Config(block_m=1, block_n=32, block_k=256, num_warps=2, num_stages=1, packed=True,
                                 paired=True, prefetch=True, pdl=True, early=True, dequant_early=True))

@@ -220,11 +220,11 @@ class TritonVariant:
                 return replace(cfg, **self.overrides)
             if batch.tokens == 1 and k > 512 and pdl and packed and group <= 512:
                 # 32-wide 4-warp tiles with -2r use 64 registers, leaving more SM slots than the grid needs;
-                # capped at the grid's share (-oN) they beat the 16-wide tiles: runs 60-66, 8.24-8.44 vs
-                # 8.40-8.66 us in the same calls, run 66 8.36 (uncapped 9.1; 16-wide -2r capped 11.5: they need L1).
+                # capped at the grid's share (-oN) and on N-tile-major weights (-tiled) they beat the 16-wide
+                # tiles: runs 69-70, TP1 7.56-7.75 vs 8.44-8.55 us (uncapped 9.0; capped, not tiled, 8.32-8.46).
                 programs = batch.experts_hit * -(-n // 32)
                 cfg = kernels.Config(block_m=1, block_n=32, block_k=512, num_warps=4, num_stages=1, packed=True,
-                                     paired=True, pdl=True, early=True, two_rows=True,
+                                     paired=True, tiled=n % 32 == 0, pdl=True, early=True, two_rows=True,
                                      per_sm=-(-programs // _sm_count(batch.x.device)))
                 return replace(cfg, **self.overrides)
             if batch.tokens == 1 and k > 512:
