@@ -103,88 +103,72 @@ def _x_pair(x_row, cols, ok, J: tl.constexpr):
     return lo | (hi << 16)
 
 
-# Per word: (nibble - 8) for all eight nibbles in four 16x2 registers (LOP3 with the 16-bit type's
-# 2**(mantissa bits) magic, one HFMA2), the eight products summed in four HFMA2, then the two
-# halves added in fp32. About 2 instructions per nibble where the fp32 path (_plane) needs 3.
-# Products are exact in fp16 (8-bit x times a 4-bit integer); bf16 rounds them (2**-9).
-_WORD_DOT_BF16 = tl.constexpr("""{
-.reg .b32 t, w0, w1, w2, w3, a, one, off, nz;
-mov.b32 one, 0x3F803F80; mov.b32 off, 0xC308C308; mov.b32 nz, 0x80008000;
-lop3.b32 w0, $1, 0x000F000F, 0x43004300, 0xEA;
-shr.u32 t, $1, 4; lop3.b32 w1, t, 0x000F000F, 0x43004300, 0xEA;
-shr.u32 t, $1, 8; lop3.b32 w2, t, 0x000F000F, 0x43004300, 0xEA;
-shr.u32 t, $1, 12; lop3.b32 w3, t, 0x000F000F, 0x43004300, 0xEA;
-fma.rn.bf16x2 w0, w0, one, off; fma.rn.bf16x2 w1, w1, one, off;
-fma.rn.bf16x2 w2, w2, one, off; fma.rn.bf16x2 w3, w3, one, off;
-fma.rn.bf16x2 a, w0, $2, nz; fma.rn.bf16x2 a, w1, $3, a;
-fma.rn.bf16x2 a, w2, $4, a; fma.rn.bf16x2 a, w3, $5, a;
-shl.b32 t, a, 16; and.b32 a, a, 0xFFFF0000;
-add.f32 $0, t, a;
-}""")
-_WORD_DOT_FP16 = tl.constexpr("""{
-.reg .b32 t, w0, w1, w2, w3, a, one, off, sixt, off16, nz;
-.reg .f16 lo, hi; .reg .f32 flo, fhi;
-mov.b32 one, 0x3C003C00; mov.b32 off, 0xE408E408; mov.b32 sixt, 0x2C002C00; mov.b32 off16, 0xD480D480;
-mov.b32 nz, 0x80008000;
-lop3.b32 w0, $1, 0x000F000F, 0x64006400, 0xEA; lop3.b32 w1, $1, 0x00F000F0, 0x64006400, 0xEA;
-shr.u32 t, $1, 8;
-lop3.b32 w2, t, 0x000F000F, 0x64006400, 0xEA; lop3.b32 w3, t, 0x00F000F0, 0x64006400, 0xEA;
-fma.rn.f16x2 w0, w0, one, off; fma.rn.f16x2 w1, w1, sixt, off16;
-fma.rn.f16x2 w2, w2, one, off; fma.rn.f16x2 w3, w3, sixt, off16;
-fma.rn.f16x2 a, w0, $2, nz; fma.rn.f16x2 a, w2, $4, a;
-fma.rn.f16x2 a, w1, $3, a; fma.rn.f16x2 a, w3, $5, a;
-mov.b32 {lo, hi}, a; cvt.f32.f16 flo, lo; cvt.f32.f16 fhi, hi;
-add.f32 $0, flo, fhi;
-}""")
+# The packed 16x2 path's PTX, composed from three texts that the word dot, its two-word form (-2r) and its
+# split for -dq (the dequantization before the wait, the products after it) share. Per word: (nibble - 8) for
+# all eight nibbles in four 16x2 registers (LOP3 with the 16-bit type's 2**(mantissa bits) magic, one HFMA2;
+# register J holds nibbles J and J+4, the halves x pair J meets), the eight products summed in four HFMA2, then
+# the two halves added in fp32. About 2 instructions per nibble where the fp32 path (_plane) needs 3. Products
+# are exact in fp16 (8-bit x times a 4-bit integer); bf16 rounds them (2**-9). fp16's 10-bit mantissa holds
+# nibbles at bits 0-3 and 4-7 (the second scaled by 16, undone in its HFMA2), so it shifts once per word, bf16
+# three times.
+_PTX_CONSTS = {False: "mov.b32 one, 0x3F803F80; mov.b32 off, 0xC308C308;",
+               True: "mov.b32 one, 0x3C003C00; mov.b32 off, 0xE408E408; mov.b32 sixt, 0x2C002C00; "
+                     "mov.b32 off16, 0xD480D480;"}
 
 
+def _ptx_dequant(half: bool, src: str, out) -> str:
+    """The word in register `src` as (nibble - 8) in the four 16x2 registers `out`."""
+    o0, o1, o2, o3 = out
+    if half:
+        return (f"lop3.b32 {o0}, {src}, 0x000F000F, 0x64006400, 0xEA; "
+                f"lop3.b32 {o1}, {src}, 0x00F000F0, 0x64006400, 0xEA;\n"
+                f"shr.u32 t, {src}, 8;\n"
+                f"lop3.b32 {o2}, t, 0x000F000F, 0x64006400, 0xEA; lop3.b32 {o3}, t, 0x00F000F0, 0x64006400, 0xEA;\n"
+                f"fma.rn.f16x2 {o0}, {o0}, one, off; fma.rn.f16x2 {o1}, {o1}, sixt, off16;\n"
+                f"fma.rn.f16x2 {o2}, {o2}, one, off; fma.rn.f16x2 {o3}, {o3}, sixt, off16;\n")
+    return (f"lop3.b32 {o0}, {src}, 0x000F000F, 0x43004300, 0xEA;\n"
+            f"shr.u32 t, {src}, 4; lop3.b32 {o1}, t, 0x000F000F, 0x43004300, 0xEA;\n"
+            f"shr.u32 t, {src}, 8; lop3.b32 {o2}, t, 0x000F000F, 0x43004300, 0xEA;\n"
+            f"shr.u32 t, {src}, 12; lop3.b32 {o3}, t, 0x000F000F, 0x43004300, 0xEA;\n"
+            f"fma.rn.bf16x2 {o0}, {o0}, one, off; fma.rn.bf16x2 {o1}, {o1}, one, off;\n"
+            f"fma.rn.bf16x2 {o2}, {o2}, one, off; fma.rn.bf16x2 {o3}, {o3}, one, off;\n")
+
+
+def _ptx_products(half: bool, w, x, init: str) -> str:
+    """a = init + the four 16x2 products w[J] * x[J]."""
+    t = "f16x2" if half else "bf16x2"
+    i, j, k, m = (0, 2, 1, 3) if half else (0, 1, 2, 3)
+    return (f"fma.rn.{t} a, {w[i]}, {x[i]}, {init}; fma.rn.{t} a, {w[j]}, {x[j]}, a;\n"
+            f"fma.rn.{t} a, {w[k]}, {x[k]}, a; fma.rn.{t} a, {w[m]}, {x[m]}, a;\n")
+
+
+def _ptx_halves(half: bool) -> str:
+    """$0 = the fp32 sum of a's two halves."""
+    if half:
+        return "mov.b32 {lo, hi}, a; cvt.f32.f16 flo, lo; cvt.f32.f16 fhi, hi;\nadd.f32 $0, flo, fhi;\n"
+    return "shl.b32 t, a, 16; and.b32 a, a, 0xFFFF0000;\nadd.f32 $0, t, a;\n"
+
+
+def _ptx_word_dot(half: bool, words: int) -> str:
+    """$0 = sum over `words` words ($1..) of (nibble - 8) * x, the x pairs after the words, 4 per word."""
+    regs = (".reg .b32 t, w0, w1, w2, w3, a, one, off, sixt, off16, nz;\n.reg .f16 lo, hi; .reg .f32 flo, fhi;\n"
+            if half else ".reg .b32 t, w0, w1, w2, w3, a, one, off, nz;\n")
+    body = ""
+    for i in range(words):
+        x = [f"${1 + words + 4 * i + j}" for j in range(4)]
+        body += _ptx_dequant(half, f"${1 + i}", ("w0", "w1", "w2", "w3"))
+        body += _ptx_products(half, ("w0", "w1", "w2", "w3"), x, "nz" if i == 0 else "a")
+    nz = "\nmov.b32 nz, 0x80008000;\n" if half else " mov.b32 nz, 0x80008000;\n"
+    return "{\n" + regs + _PTX_CONSTS[half] + nz + body + _ptx_halves(half) + "}"
+
+
+_WORD_DOT_BF16 = tl.constexpr(_ptx_word_dot(False, 1))
+_WORD_DOT_FP16 = tl.constexpr(_ptx_word_dot(True, 1))
 # -2r: two words of one scale group (rows half a group apart) through the same 16x2 accumulator before the
 # one fp32 halves-sum: per two words one shl/and/add, one scale and one fp32 accumulation instead of two each
 # (20 -> 17.5 SASS instructions per word). The 16-bit sum runs over 8 products instead of 4.
-_WORD_DOT2_BF16 = tl.constexpr("""{
-.reg .b32 t, w0, w1, w2, w3, a, one, off, nz;
-mov.b32 one, 0x3F803F80; mov.b32 off, 0xC308C308; mov.b32 nz, 0x80008000;
-lop3.b32 w0, $1, 0x000F000F, 0x43004300, 0xEA;
-shr.u32 t, $1, 4; lop3.b32 w1, t, 0x000F000F, 0x43004300, 0xEA;
-shr.u32 t, $1, 8; lop3.b32 w2, t, 0x000F000F, 0x43004300, 0xEA;
-shr.u32 t, $1, 12; lop3.b32 w3, t, 0x000F000F, 0x43004300, 0xEA;
-fma.rn.bf16x2 w0, w0, one, off; fma.rn.bf16x2 w1, w1, one, off;
-fma.rn.bf16x2 w2, w2, one, off; fma.rn.bf16x2 w3, w3, one, off;
-fma.rn.bf16x2 a, w0, $3, nz; fma.rn.bf16x2 a, w1, $4, a;
-fma.rn.bf16x2 a, w2, $5, a; fma.rn.bf16x2 a, w3, $6, a;
-lop3.b32 w0, $2, 0x000F000F, 0x43004300, 0xEA;
-shr.u32 t, $2, 4; lop3.b32 w1, t, 0x000F000F, 0x43004300, 0xEA;
-shr.u32 t, $2, 8; lop3.b32 w2, t, 0x000F000F, 0x43004300, 0xEA;
-shr.u32 t, $2, 12; lop3.b32 w3, t, 0x000F000F, 0x43004300, 0xEA;
-fma.rn.bf16x2 w0, w0, one, off; fma.rn.bf16x2 w1, w1, one, off;
-fma.rn.bf16x2 w2, w2, one, off; fma.rn.bf16x2 w3, w3, one, off;
-fma.rn.bf16x2 a, w0, $7, a; fma.rn.bf16x2 a, w1, $8, a;
-fma.rn.bf16x2 a, w2, $9, a; fma.rn.bf16x2 a, w3, $10, a;
-shl.b32 t, a, 16; and.b32 a, a, 0xFFFF0000;
-add.f32 $0, t, a;
-}""")
-_WORD_DOT2_FP16 = tl.constexpr("""{
-.reg .b32 t, w0, w1, w2, w3, a, one, off, sixt, off16, nz;
-.reg .f16 lo, hi; .reg .f32 flo, fhi;
-mov.b32 one, 0x3C003C00; mov.b32 off, 0xE408E408; mov.b32 sixt, 0x2C002C00; mov.b32 off16, 0xD480D480;
-mov.b32 nz, 0x80008000;
-lop3.b32 w0, $1, 0x000F000F, 0x64006400, 0xEA; lop3.b32 w1, $1, 0x00F000F0, 0x64006400, 0xEA;
-shr.u32 t, $1, 8;
-lop3.b32 w2, t, 0x000F000F, 0x64006400, 0xEA; lop3.b32 w3, t, 0x00F000F0, 0x64006400, 0xEA;
-fma.rn.f16x2 w0, w0, one, off; fma.rn.f16x2 w1, w1, sixt, off16;
-fma.rn.f16x2 w2, w2, one, off; fma.rn.f16x2 w3, w3, sixt, off16;
-fma.rn.f16x2 a, w0, $3, nz; fma.rn.f16x2 a, w2, $5, a;
-fma.rn.f16x2 a, w1, $4, a; fma.rn.f16x2 a, w3, $6, a;
-lop3.b32 w0, $2, 0x000F000F, 0x64006400, 0xEA; lop3.b32 w1, $2, 0x00F000F0, 0x64006400, 0xEA;
-shr.u32 t, $2, 8;
-lop3.b32 w2, t, 0x000F000F, 0x64006400, 0xEA; lop3.b32 w3, t, 0x00F000F0, 0x64006400, 0xEA;
-fma.rn.f16x2 w0, w0, one, off; fma.rn.f16x2 w1, w1, sixt, off16;
-fma.rn.f16x2 w2, w2, one, off; fma.rn.f16x2 w3, w3, sixt, off16;
-fma.rn.f16x2 a, w0, $7, a; fma.rn.f16x2 a, w2, $9, a;
-fma.rn.f16x2 a, w1, $8, a; fma.rn.f16x2 a, w3, $10, a;
-mov.b32 {lo, hi}, a; cvt.f32.f16 flo, lo; cvt.f32.f16 fhi, hi;
-add.f32 $0, flo, fhi;
-}""")
+_WORD_DOT2_BF16 = tl.constexpr(_ptx_word_dot(False, 2))
+_WORD_DOT2_FP16 = tl.constexpr(_ptx_word_dot(True, 2))
 
 
 @triton.jit
@@ -231,43 +215,19 @@ def _pair_term(q, xp, J: tl.constexpr, HALF: tl.constexpr):
     return lo + (((q >> (4 * J + 16)) & 15) - 8).to(tl.float32) * _unpair(xp, HALF, True)
 
 
-# Split of _WORD_DOT_* for -dq: the dequantization (four 16x2 registers of nibble - 8 per word) runs
-# before the wait, on weights only; the products after it, on the activations.
-_DEQUANT_BF16 = tl.constexpr("""{
-.reg .b32 t, one, off;
-mov.b32 one, 0x3F803F80; mov.b32 off, 0xC308C308;
-lop3.b32 $0, $4, 0x000F000F, 0x43004300, 0xEA;
-shr.u32 t, $4, 4; lop3.b32 $1, t, 0x000F000F, 0x43004300, 0xEA;
-shr.u32 t, $4, 8; lop3.b32 $2, t, 0x000F000F, 0x43004300, 0xEA;
-shr.u32 t, $4, 12; lop3.b32 $3, t, 0x000F000F, 0x43004300, 0xEA;
-fma.rn.bf16x2 $0, $0, one, off; fma.rn.bf16x2 $1, $1, one, off;
-fma.rn.bf16x2 $2, $2, one, off; fma.rn.bf16x2 $3, $3, one, off;
-}""")
-_DEQUANT_FP16 = tl.constexpr("""{
-.reg .b32 t, one, off, sixt, off16;
-mov.b32 one, 0x3C003C00; mov.b32 off, 0xE408E408; mov.b32 sixt, 0x2C002C00; mov.b32 off16, 0xD480D480;
-lop3.b32 $0, $4, 0x000F000F, 0x64006400, 0xEA; lop3.b32 $1, $4, 0x00F000F0, 0x64006400, 0xEA;
-shr.u32 t, $4, 8;
-lop3.b32 $2, t, 0x000F000F, 0x64006400, 0xEA; lop3.b32 $3, t, 0x00F000F0, 0x64006400, 0xEA;
-fma.rn.f16x2 $0, $0, one, off; fma.rn.f16x2 $1, $1, sixt, off16;
-fma.rn.f16x2 $2, $2, one, off; fma.rn.f16x2 $3, $3, sixt, off16;
-}""")
-_DQ_DOT_BF16 = tl.constexpr("""{
-.reg .b32 t, a, nz;
-mov.b32 nz, 0x80008000;
-fma.rn.bf16x2 a, $1, $5, nz; fma.rn.bf16x2 a, $2, $6, a;
-fma.rn.bf16x2 a, $3, $7, a; fma.rn.bf16x2 a, $4, $8, a;
-shl.b32 t, a, 16; and.b32 a, a, 0xFFFF0000;
-add.f32 $0, t, a;
-}""")
-_DQ_DOT_FP16 = tl.constexpr("""{
-.reg .b32 a, nz; .reg .f16 lo, hi; .reg .f32 flo, fhi;
-mov.b32 nz, 0x80008000;
-fma.rn.f16x2 a, $1, $5, nz; fma.rn.f16x2 a, $3, $7, a;
-fma.rn.f16x2 a, $2, $6, a; fma.rn.f16x2 a, $4, $8, a;
-mov.b32 {lo, hi}, a; cvt.f32.f16 flo, lo; cvt.f32.f16 fhi, hi;
-add.f32 $0, flo, fhi;
-}""")
+# Split of _WORD_DOT_* for -dq: the dequantization (four 16x2 registers of nibble - 8 per word, $0-$3 from the
+# word $4) runs before the wait, on weights only; the products ($0 from the registers $1-$4 and x pairs $5-$8)
+# after it, on the activations.
+_DEQUANT_BF16 = tl.constexpr("{\n.reg .b32 t, one, off;\n" + _PTX_CONSTS[False] + "\n"
+                             + _ptx_dequant(False, "$4", ("$0", "$1", "$2", "$3")) + "}")
+_DEQUANT_FP16 = tl.constexpr("{\n.reg .b32 t, one, off, sixt, off16;\n" + _PTX_CONSTS[True] + "\n"
+                             + _ptx_dequant(True, "$4", ("$0", "$1", "$2", "$3")) + "}")
+_DQ_DOT_BF16 = tl.constexpr("{\n.reg .b32 t, a, nz;\nmov.b32 nz, 0x80008000;\n"
+                            + _ptx_products(False, ("$1", "$2", "$3", "$4"), ("$5", "$6", "$7", "$8"), "nz")
+                            + _ptx_halves(False) + "}")
+_DQ_DOT_FP16 = tl.constexpr("{\n.reg .b32 a, nz; .reg .f16 lo, hi; .reg .f32 flo, fhi;\nmov.b32 nz, 0x80008000;\n"
+                            + _ptx_products(True, ("$1", "$2", "$3", "$4"), ("$5", "$6", "$7", "$8"), "nz")
+                            + _ptx_halves(True) + "}")
 
 
 @triton.jit
