@@ -420,6 +420,16 @@ def _dq_products(w0, w1, w2, w3, s, x_row, p, k0, k_end, rows, P, HALF: tl.const
 
 
 @triton.jit
+def _wait_for_activations(PDL: tl.constexpr, EARLY: tl.constexpr, ASM: tl.constexpr, LAUNCH: tl.constexpr):
+    """Launched early (-early), wait for the previous kernel's output (the activations) here; the first launch of
+    a concurrent mixed tiling (LAUNCH 1) then lets the second launch start."""
+    if EARLY and ASM and LAUNCH != 2:
+        tl.extra.cuda.gdc_wait()
+    if PDL and ASM and LAUNCH == 1:
+        tl.extra.cuda.gdc_launch_dependents()
+
+
+@triton.jit
 def _moe_down_vec(x_ptr, qw_ptr, sc_ptr, pair_ptr, blk_expert_ptr, rw_ptr, part_ptr, out_ptr, cnt_ptr,
                   P, N, K, n_tiles,
                   TOPK: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -484,10 +494,7 @@ def _moe_down_vec(x_ptr, qw_ptr, sc_ptr, pair_ptr, blk_expert_ptr, rw_ptr, part_
         if BLOCK_M == 2:
             half_acc1 = tl.zeros((BLOCK_K // (2 * PACK_C), BLOCK_N), dtype=tl.float32)
         qa, qb, s = _two_row_weights(qw_base, sc_base, k_lo, k_end, first, w_cols, n_ok, w_stride, GROUP)
-        if EARLY and ASM and LAUNCH != 2:
-            tl.extra.cuda.gdc_wait()
-        if PDL and ASM and LAUNCH == 1:
-            tl.extra.cuda.gdc_launch_dependents()
+        _wait_for_activations(PDL, EARLY, ASM, LAUNCH)
         for kk in range(0, k_per, BLOCK_K):
             k0 = k_lo + kk
             if PREFETCH:
@@ -549,10 +556,7 @@ def _moe_down_vec(x_ptr, qw_ptr, sc_ptr, pair_ptr, blk_expert_ptr, rw_ptr, part_
         # the activations and the partials are, so they wait. PREFETCH holds the next K-block's
         # words in registers while this one's products are computed.
         q, s = _block_weights(qw_base, sc_base, k_lo, k_end, rows, w_cols, n_ok, w_stride, GROUP)
-        if EARLY and ASM and LAUNCH != 2:
-            tl.extra.cuda.gdc_wait()
-        if PDL and ASM and LAUNCH == 1:
-            tl.extra.cuda.gdc_launch_dependents()
+        _wait_for_activations(PDL, EARLY, ASM, LAUNCH)
         for kk in range(0, k_per, BLOCK_K):
             k0 = k_lo + kk
             if PREFETCH:

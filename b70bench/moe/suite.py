@@ -149,14 +149,19 @@ def measure(dev: Device, variant_names: list[str] | None = None, tokens=TOKENS, 
                     except Unavailable as err:
                         reason = str(err)
                     except Exception as err:  # one variant failing on one shape must not end the others' rows
-                        dev.synchronize()
-                        first = (str(err).splitlines() or [""])[0][:200]
-                        reason = f"failed: {type(err).__name__}: {first}"
+                        reason = failed(dev, err)
                 row["skipped"] = reason
                 rows.append(records.record("moe-down", fingerprint=fp, **row))
             del wsets, batches, probe
             dev.empty_cache()
     return rows
+
+
+def failed(dev, err: Exception) -> str:
+    """A row's reason for an error raised while checking or timing it, once the device has drained."""
+    dev.synchronize()
+    first = (str(err).splitlines() or [""])[0][:200]
+    return f"failed: {type(err).__name__}: {first}"
 
 
 def _time(dev, v, wsets, batches, graph, repeat, warmup, mean_bytes, anchor) -> dict:

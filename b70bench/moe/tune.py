@@ -136,9 +136,7 @@ def sweep(dev, shape, tps, tokens, dtype, graph: bool = True, repeat: int = 10, 
                     row.update(suite.check(v, ref, shape, wsets[0], k, ntok, dtype, dev, seed + 31 * ntok))
                     row.update(suite._time(dev, v, wsets, batches, graph, repeat, 3, mean_bytes, anchor))
                 except Exception as err:  # one tiling that fails to compile or launch must not end the sweep
-                    dev.synchronize()
-                    first = (str(err).splitlines() or [""])[0][:200]
-                    row["skipped"] = f"failed: {type(err).__name__}: {first}"
+                    row["skipped"] = suite.failed(dev, err)
                 rows.append(records.record("moe-down-tune", fingerprint=fp, **row))
             del wsets, batches
             dev.empty_cache()
