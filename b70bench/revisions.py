@@ -90,7 +90,9 @@ class Walker:
 
 
 def asv_command(python: str, commit: str, asv_args: list[str]) -> list[str]:
-    return [sys.executable, "-m", "asv", "run", "-E", f"existing:{python}", "--set-commit-hash", commit, *asv_args]
+    # --record-samples: the decode figures keep one sample per start for b70bench's verdicts (asv_plugin).
+    return [sys.executable, "-m", "asv", "run", "-E", f"existing:{python}", "--set-commit-hash", commit,
+            "--record-samples", *asv_args]
 
 
 def walk(walker: Walker, commits: list[str], asv_args: list[str], run_benchmarks=None, out=print) -> list[dict]:

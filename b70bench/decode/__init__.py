@@ -54,7 +54,12 @@ from __future__ import annotations
 
 import importlib.util
 
+from b70bench.decode.starts import DEFAULT_ITERATIONS, DEFAULT_STARTS, PER_START_FIGURE, per_start
+from b70bench.decode.starts import summary as per_start_summary
 from b70bench.fingerprint import dist_version
+
+__all__ = ["DEFAULT_ITERATIONS", "DEFAULT_STARTS", "PER_START_FIGURE", "measure", "per_start", "per_start_summary",
+           "unavailable_reason"]
 
 
 def unavailable_reason(device) -> str | None:

