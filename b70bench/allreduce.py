@@ -37,6 +37,8 @@ from b70bench.errors import UsageError
 
 COLUMNS = ["size_bytes", "count", "dtype", "mode", "path", "time_us", "latency_us", "algbw_gbps", "busbw_gbps",
            "tax_us", "wrong"]
+# vLLM's path names what ran: its communicator class and, where it says, the kernel.
+VLLM_COLUMNS = ["communicator", "kernel"]
 # gloo moves each byte through host memory in Python-visible chunks: one 256 MiB op takes
 # about a second on a small CI machine, so the CPU default stops at 1 MiB (ask for more with --sizes).
 CPU_DEFAULT_SIZES = tuple(s for s in DEFAULT_SIZES if s <= MIB)
@@ -113,7 +115,7 @@ def print_table(rows: list[dict]) -> None:
         how = "CUDA/XPU graph replay" if r0["graph"] else "eager"
         print(f"# allreduce: {r0['collective']}, {r0['world_size']} ranks, {r0['dtype']}, {how}; "
               f"time = pipelined per op, latency = one synchronized op (max over ranks of the median)")
-        print(records.format_table(done, COLUMNS))
+        print(records.format_table(done, COLUMNS + (VLLM_COLUMNS if any(r["path"] == "vllm" for r in done) else [])))
     for r in rows:
         if r.get("skipped"):
             print(f"skipped: {r['size_bytes']} B {r['path']} {r['mode']}: {r['skipped']}")
@@ -156,8 +158,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sweep", metavar="MIN:MAX", help="powers of two from MIN to MAX, e.g. 8:256M")
     p.add_argument("--modes", default="all", help=f"comma-separated: {', '.join(MODES)} (default all)")
     p.add_argument("--path", default="auto",
-                   help="c10d, raw (NCCL through CuPy on the current stream) or both; auto: c10d plus raw where "
-                        "CuPy's NCCL is importable")
+                   help="comma-separated: c10d, raw (NCCL through CuPy on the current stream), vllm (vLLM's own "
+                        "tensor-parallel all_reduce, mode in-place); auto: c10d plus raw where CuPy's NCCL imports")
     p.add_argument("--dtype", default="fp16", help="fp16, bf16 or fp32 (default fp16)")
     p.add_argument("--world-size", type=int, default=None,
                    help="ranks to start on this node (default: every GPU; 2 on the CPU)")

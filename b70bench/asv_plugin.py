@@ -2,11 +2,12 @@
 
 asv's Regressions publisher (order 3) writes regressions.json from its step fit. This publisher
 runs after it and, for the decode speed figures (one sample per fresh vLLM start, recorded with
-`asv run --record-samples`), replaces asv's entries with b70bench.verdicts' walk over the same
-result files: a real slowdown is named at the commit it lands, also the newest one, and a commit
-inside the noise is not. Throughput figures (higher is better, which asv cannot read) lose
-their entries: their verdict is the seconds figure's. The regressions page gets a note saying
-which statistic decided and a table of every verdict; b70bench-verdicts.json holds the same.
+`asv run --record-samples`; results without samples keep asv's entries), replaces asv's entries
+with b70bench.verdicts' walk over the same result files: a real slowdown is named at the commit
+it lands, also the newest one, and a commit inside the noise is not. Throughput figures (higher
+is better, which asv cannot read) lose their entries: their verdict is the seconds figure's.
+The regressions page gets a note saying which statistic decided and a table of every verdict;
+b70bench-verdicts.json holds the same.
 
 Settings (asv.conf.json, optional): "b70bench_verdicts": {"level": 0.99, "min_effect": 0.02}.
 """
@@ -73,9 +74,9 @@ class Verdicts(OutputPublisher):
         path = os.path.join(conf.html_dir, "regressions.json")
         data = util.load_json(path) if os.path.exists(path) else {"regressions": []}
         bare = lambda name: name.split("(", 1)[0]  # noqa: E731
-        kept = [r for r in data["regressions"] if bare(r[0]) not in DECIDED + WITHDRAWN]
+        asv_entries = data["regressions"]
         all_params = graphs.get_params()
-        rows, entries = [], []
+        rows, entries, decided = [], [], set()
         for file_name, graph in graphs:
             benchmark = benchmarks.get(os.path.basename(file_name))
             if not benchmark or benchmark["name"] not in DECIDED or "summary" in graph.params:
@@ -83,6 +84,9 @@ class Verdicts(OutputPublisher):
             graph_params = {k: v for k, v in graph.params.items() if len(all_params[k]) > 1}
             for j, param, points in _series(conf, benchmark, graph, revisions):
                 name = _entry_name(benchmark, param)
+                if not any(len(p.samples) >= 2 for p in points):
+                    continue  # results without per-start samples (no --record-samples): asv's own fit stays
+                decided.add(name)
                 walked = verdicts.walk(points, level, min_effect)
                 rows += [(name, graph_params, v) for v in walked]
                 jumps = [_jump(v, revisions, repo) for v in walked if v.verdict == stats.SLOWER]
@@ -91,6 +95,7 @@ class Verdicts(OutputPublisher):
                     values = [stats.geomean(p.samples) for p in points if p.samples]
                     entries.append([name, graph.path + ".json", graph_params, j,
                                     stats.geomean(newest.samples), min(values), jumps])
+        kept = [r for r in asv_entries if bare(r[0]) not in WITHDRAWN and r[0] not in decided]
         data["regressions"] = kept + entries
         util.write_json(path, data, compact=True)
         if hasattr(Regressions, "_save_feed"):  # asv 0.6's feed writer; the page works without it

@@ -102,6 +102,7 @@ def run_compare(walker: revisions.Walker, dirs: dict[str, Path], shapes, starts:
             if done.returncode != 0:
                 last = (done.stderr.strip() or done.stdout.strip()).splitlines()[-1]
                 raise UsageError(f"side {side} ({dirs[side]}): {last.removeprefix('b70bench patches: error: ')}")
+        out_dir.mkdir(parents=True, exist_ok=True)
         for i, side in enumerate(plan):
             counted = i >= len(SIDES) * warmup_starts
             try:
@@ -165,7 +166,6 @@ def run(args) -> int:
         decode_suite.parse_shape(s)
     out_dir = Path(args.out_dir) if args.out_dir else decode_model.cache_root() / "compare" / time.strftime(
         "%Y%m%dT%H%M%S")
-    out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="b70bench-compare-") as tmp:
         dirs, labels = {}, {}
         for side, spec in zip(SIDES, (args.a, args.b), strict=True):

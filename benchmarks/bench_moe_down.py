@@ -2,10 +2,12 @@
 
 from b70bench import moe
 from b70bench.errors import UsageError
+from b70bench.moe import variants
 
 from .common import select_device, skip_if
 
-VARIANTS = ["reference", "triton", "triton-htile", "torch-int4"]
+# Every registered variant, built-ins and installed plug-ins alike; one that cannot run here is skipped with its reason.
+VARIANTS = list(variants.registry())
 
 
 class MoeDown:

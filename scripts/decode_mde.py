@@ -65,7 +65,7 @@ def main() -> int:
                     Path(args.json).write_text(json.dumps(runs, indent=2))
     print("\n| pair | runs | B/A per run | called slower | called anything but no difference |")
     print("|---|---|---|---|---|")
-    for pair in args.pairs:
+    for pair in dict.fromkeys(args.pairs):
         mine = [r for r in runs if r["pair"] == pair]
         ratios = ", ".join(f"{r['ratio']:.3f}" for r in mine)
         slower = sum(r["verdict"] == stats.SLOWER for r in mine)

