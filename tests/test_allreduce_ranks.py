@@ -1,5 +1,6 @@
 """Allreduce suite with real rank processes (gloo, 2 ranks on the CPU): sums, faults, no orphans."""
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -95,11 +96,16 @@ def test_asv_adapter_reads_one_launch(monkeypatch):
     monkeypatch.setattr(bench_allreduce, "CPU_SIZES", [8])
     monkeypatch.setenv("B70BENCH_BACKEND", "cpu")
     bench = bench_allreduce.Allreduce()
+    assert bench.param_names == ["path", "mode", "size"] and bench.params[0] == ["c10d", "raw", "vllm"]
     cache = bench.setup_cache()
-    for mode in MODES:
-        bench.setup(cache, mode, 8)
-        samples = bench.track_time(cache, mode, 8)
+    runs = [("c10d", mode) for mode in MODES] + ([("vllm", "in-place")] if importlib.util.find_spec("vllm") else [])
+    for path, mode in runs:
+        bench.setup(cache, path, mode, 8)
+        samples = bench.track_time(cache, path, mode, 8)
         assert samples["number"] == 1 and all(s > 0 for s in samples["samples"])
-        assert bench.track_busbw(cache, mode, 8) > 0 and bench.track_latency(cache, mode, 8) > 0
+        assert bench.track_busbw(cache, path, mode, 8) > 0 and bench.track_latency(cache, path, mode, 8) > 0
+    for path, mode in (("raw", "in-place"), ("vllm", "clone")):  # each skipped with its reason
+        with pytest.raises(NotImplementedError):
+            bench.setup(cache, path, mode, 8)
     with pytest.raises(NotImplementedError, match="not measured"):
-        bench.setup(cache, "clone", 256 * 1024 * 1024)
+        bench.setup(cache, "c10d", "clone", 256 * 1024 * 1024)
