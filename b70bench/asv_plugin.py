@@ -36,11 +36,11 @@ def _entry_name(benchmark: dict, param) -> str:
     return benchmark["name"] if param is None else f"{benchmark['name']}({', '.join(param)})"
 
 
-def _series(conf, benchmark: dict, graph, revisions: dict) -> list[tuple[int | None, tuple | None, list]]:
+def _series(results: list, benchmark: dict, graph, revisions: dict) -> list[tuple[int | None, tuple | None, list]]:
     """(param index, param values, [verdicts.Point]) for each parameter combination of one graph."""
     combos = list(enumerate(itertools.product(*benchmark["params"]))) if benchmark.get("params") else [(None, None)]
     points: dict[int | None, list[verdicts.Point]] = {j: [] for j, _ in combos}
-    for res in iter_results(conf.results_dir):
+    for res in results:
         rev = revisions.get(res.commit_hash)
         if rev is None or any(graph.params.get(k) != v for k, v in res.params.items()):
             continue
@@ -77,12 +77,13 @@ class Verdicts(OutputPublisher):
         asv_entries = data["regressions"]
         all_params = graphs.get_params()
         rows, entries, decided = [], [], set()
+        results = list(iter_results(conf.results_dir))  # read once; every decided graph walks the same files
         for file_name, graph in graphs:
             benchmark = benchmarks.get(os.path.basename(file_name))
             if not benchmark or benchmark["name"] not in DECIDED or "summary" in graph.params:
                 continue
             graph_params = {k: v for k, v in graph.params.items() if len(all_params[k]) > 1}
-            for j, param, points in _series(conf, benchmark, graph, revisions):
+            for j, param, points in _series(results, benchmark, graph, revisions):
                 name = _entry_name(benchmark, param)
                 if not any(len(p.samples) >= 2 for p in points):
                     continue  # results without per-start samples (no --record-samples): asv's own fit stays
@@ -90,11 +91,10 @@ class Verdicts(OutputPublisher):
                 walked = verdicts.walk(points, level, min_effect)
                 rows += [(name, graph_params, v) for v in walked]
                 jumps = [_jump(v, revisions, repo) for v in walked if v.verdict == stats.SLOWER]
-                if jumps and points:
+                if jumps:
                     newest = max(points, key=lambda p: p.revision)
-                    values = [stats.geomean(p.samples) for p in points if p.samples]
-                    entries.append([name, graph.path + ".json", graph_params, j,
-                                    stats.geomean(newest.samples), min(values), jumps])
+                    entries.append([name, graph.path + ".json", graph_params, j, stats.geomean(newest.samples),
+                                    min(stats.geomean(p.samples) for p in points), jumps])
         kept = [r for r in asv_entries if bare(r[0]) not in WITHDRAWN and r[0] not in decided]
         data["regressions"] = kept + entries
         util.write_json(path, data, compact=True)
