@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import random
 import subprocess
 import sys
 from pathlib import Path
 
+from gitrepo import git
 from test_verdicts import START_CV
 
 COLS = ["result", "params", "version", "started_at", "duration", "stats_ci_99_a", "stats_ci_99_b", "stats_q_25",
@@ -23,13 +23,6 @@ COLS = ["result", "params", "version", "started_at", "duration", "stats_ci_99_a"
 SECONDS = "bench_decode.Decode.track_s_per_output_token"
 RATE = "bench_decode.Decode.track_output_tok_per_s"
 KEY = "bench_decode.Decode.track_aot_key_differs_from_pin"
-
-
-def git(repo: Path, *args: str) -> str:
-    env = dict(os.environ, GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@t", GIT_COMMITTER_NAME="t",
-               GIT_COMMITTER_EMAIL="t@t")
-    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True,
-                          env=env).stdout.strip()
 
 
 def bench(name: str, unit: str) -> dict:

@@ -11,6 +11,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import fakedist  # noqa: E402
+from gitrepo import git  # noqa: E402
 
 from b70bench import compare, decode, patches, revisions, stats  # noqa: E402
 from b70bench.errors import UsageError  # noqa: E402
@@ -18,13 +19,6 @@ from b70bench.errors import UsageError  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 REL = "fakevllm/models/minimax_m2.py"
 TARGET = "dist:fakevllm==0.32.0"
-
-
-def git(repo, *args):
-    env = dict(os.environ, GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@t", GIT_COMMITTER_NAME="t",
-               GIT_COMMITTER_EMAIL="t@t")
-    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True,
-                          env=env, timeout=60).stdout.strip()
 
 
 @pytest.fixture
