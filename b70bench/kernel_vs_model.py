@@ -5,6 +5,11 @@ This reads asv's results (one JSON per commit and environment), orders the commi
 each one puts the change of every kernel/collective time figure beside the change of
 seconds per output token, flagging commits where a kernel got faster and decode got slower.
 Lower is better for every figure compared (asv's convention; times in seconds).
+
+A change counts when it is at least `tolerance` and, where both commits recorded samples
+(`asv run --record-samples`), when the interval of the ratio (b70bench.stats.ratio_interval, at
+`level`) excludes 1 as well: decode's samples are one per fresh vLLM start, so a run-to-run
+wobble of a few percent is not read as a slowdown.
 """
 
 from __future__ import annotations
@@ -15,12 +20,21 @@ import re
 import sys
 from pathlib import Path
 
-from b70bench import records
+from b70bench import records, stats
 from b70bench.errors import UsageError
 
-KERNEL_RE = r"^bench_(moe_down|moe|allreduce)\."
+# Time figures of the isolated suites (bandwidths read the other way round, so they are left out)...
+KERNEL_RE = r"^bench_(moe_down|allreduce)\.\w+\.track_(time|latency)\b"
+# ...except the anchors and stand-ins no patch to the stack moves: the torch reference and torch's
+# int4 op in moe-down, torch.distributed and NCCL itself in allreduce.
+EXCLUDE_RE = r"\('(reference|torch-int4|c10d|raw)'"
 MODEL_RE = r"\.track_s_per_output_token$"
+# An isolated suite varies more between processes than decode's per-start samples say about decode
+# (vLLM's shared-memory allreduce on a 2-core CPU: +-15% from run to run), so a kernel counts as
+# faster only when its time fell by this much (ratio <= 1 / (1 + effect)).
+KERNEL_EFFECT = 0.25
 ROOT = Path(__file__).resolve().parent.parent
+LEVEL = 0.99
 
 
 def _series_names(name: str, params: list[list]) -> list[str]:
@@ -33,7 +47,7 @@ def _series_names(name: str, params: list[list]) -> list[str]:
 
 
 def read_results(results_dir: Path, machine: str | None = None, warn=None) -> dict[str, dict]:
-    """commit -> {"date": ms, "env": name, "figures": {series: value}} from asv's result files.
+    """commit -> {"date": ms, "env": name, "figures": {series: value}, "samples": {series: [s]}}.
 
     A file that is not valid JSON (asv writes results in place, so a crash mid-write leaves
     half a file) is skipped with a warning naming it; nothing else is lost.
@@ -54,44 +68,79 @@ def read_results(results_dir: Path, machine: str | None = None, warn=None) -> di
                 continue
             cols = data.get("result_columns") or ["result", "params"]
             entry = out.setdefault(data["commit_hash"], {"date": data.get("date"), "env": data.get("env_name"),
-                                                         "figures": {}})
+                                                         "figures": {}, "samples": {}})
             for name, row in data["results"].items():
                 row = dict(zip(cols, row, strict=False)) if isinstance(row, list) else row
                 values = row.get("result")
                 values = values if isinstance(values, list) else [values]
-                for series, value in zip(_series_names(name, row.get("params") or []), values, strict=False):
+                samples = row.get("samples") or [None] * len(values)
+                names = _series_names(name, row.get("params") or [])
+                for series, value, samp in zip(names, values, samples, strict=False):
                     if isinstance(value, (int, float)) and not math.isnan(value):
                         entry["figures"][series] = float(value)
+                        if samp and all(isinstance(x, (int, float)) and x > 0 for x in samp):
+                            entry["samples"][series] = [float(x) for x in samp]
+    return out
+
+
+def _change(value: float, samples, prev: tuple | None, tolerance: float, level: float) -> dict:
+    """The figure against the previous commit that had it: ratio, interval where both have samples, verdict."""
+    out = {"value": value, "ratio": None, "interval": None, "verdict": None}
+    if prev is None:
+        return out
+    prev_value, prev_samples = prev
+    out["ratio"] = value / prev_value
+    if samples and prev_samples and len(samples) >= 2 and len(prev_samples) >= 2:
+        r = stats.ratio_interval(prev_samples, samples, level)
+        out["ratio"], out["interval"] = r.ratio, [r.lo, r.hi]
+        out["verdict"] = r.verdict(tolerance)
+    else:  # one value a side: the change itself decides
+        out["verdict"] = (stats.SLOWER if out["ratio"] > 1 + tolerance else
+                          stats.FASTER if out["ratio"] < 1 - tolerance else stats.NO_DIFFERENCE)
     return out
 
 
 def compare(results: dict[str, dict], kernel_re: str = KERNEL_RE, model_re: str = MODEL_RE,
-            tolerance: float = 0.03, order: list[str] | None = None) -> list[dict]:
-    """One row per commit: each figure's ratio to the previous commit that had it, and the flag."""
+            tolerance: float = 0.03, order: list[str] | None = None, level: float = LEVEL,
+            kernel_effect: float = KERNEL_EFFECT, exclude_re: str = EXCLUDE_RE) -> list[dict]:
+    """One row per commit: each figure's change from the previous commit that had it, and the flag.
+
+    Kernel figures are matched on their full name (parameters included, so a path or a variant
+    can be picked or excluded), decode figures on the benchmark's name."""
     commits = order or sorted(results, key=lambda c: results[c].get("date") or 0)
     rows, last = [], {}
     kernel, model = re.compile(kernel_re), re.compile(model_re)
+    exclude = re.compile(exclude_re) if exclude_re else None
     for commit in commits:
         figs = (results.get(commit) or {}).get("figures", {})
+        samples = (results.get(commit) or {}).get("samples", {})
         row = {"commit": commit, "kernels": {}, "model": {}, "flag": False}
         for name, value in sorted(figs.items()):
-            base = name.split("(", 1)[0]  # match the benchmark, not its parameter values
-            group = "model" if model.search(base) else "kernels" if kernel.search(base) else None
-            if group is None:
+            base = name.split("(", 1)[0]
+            if model.search(base):
+                group, effect = "model", tolerance
+            elif kernel.search(name) and not (exclude and exclude.search(name)):
+                group, effect = "kernels", kernel_effect
+            else:
                 continue
-            prev = last.get(name)
-            row[group][name] = {"value": value, "ratio": value / prev if prev else None}
-            last[name] = value
-        faster = [n for n, f in row["kernels"].items() if f["ratio"] is not None and f["ratio"] < 1 - tolerance]
-        slower = [n for n, f in row["model"].items() if f["ratio"] is not None and f["ratio"] > 1 + tolerance]
+            row[group][name] = _change(value, samples.get(name), last.get(name), effect, level)
+            last[name] = (value, samples.get(name))
+        faster = [n for n, f in row["kernels"].items() if f["verdict"] == stats.FASTER]
+        slower = [n for n, f in row["model"].items() if f["verdict"] == stats.SLOWER]
         row["flag"] = bool(faster and slower)
         row["faster_kernels"], row["slower_decode"] = faster, slower
         rows.append(row)
     return rows
 
 
-def _pct(ratio) -> str:
-    return "-" if ratio is None else f"{(ratio - 1) * 100:+.1f}%"
+def _pct(change: dict) -> str:
+    if change["ratio"] is None:
+        return "-"
+    text = f"{(change['ratio'] - 1) * 100:+.1f}%"
+    if change["interval"]:
+        lo, hi = change["interval"]
+        text += f" [{(lo - 1) * 100:+.1f}, {(hi - 1) * 100:+.1f}]"
+    return text
 
 
 def format_rows(rows: list[dict]) -> str:
@@ -102,9 +151,9 @@ def format_rows(rows: list[dict]) -> str:
         table.append({
             "commit": r["commit"][:10],
             "decode_s_per_token": model[1]["value"] if model else None,
-            "decode_change": _pct(model[1]["ratio"]) if model else "-",
+            "decode_change": _pct(model[1]) if model else "-",
             "best_kernel": best[0] if best else "-",
-            "kernel_change": _pct(best[1]["ratio"]) if best else "-",
+            "kernel_change": _pct(best[1]) if best else "-",
             "flag": "KERNEL FASTER, DECODE SLOWER" if r["flag"] else "",
         })
     return records.format_table(table, ["commit", "decode_s_per_token", "decode_change", "best_kernel",
@@ -116,6 +165,8 @@ def unavailable_reason(device) -> str | None:
 
 
 def run(args) -> int:
+    if not 0 < args.level < 1:
+        raise UsageError(f"--level {args.level} is not a probability: pass e.g. 0.99")
     results_dir = Path(args.results)
     if not results_dir.is_dir():
         raise UsageError(f"{results_dir} holds no asv results: run `asv run` (or `make bench`) first, or pass "
@@ -128,7 +179,8 @@ def run(args) -> int:
         from b70bench.revisions import commits_in
 
         order = [c for c in commits_in(Path(args.repo), args.range) if c in results]
-    rows = compare(results, args.kernel, args.model, args.tolerance, order)
+    rows = compare(results, args.kernel, args.model, args.tolerance, order, args.level, args.kernel_effect,
+                   args.exclude)
     print(format_rows(rows))
     flagged = [r["commit"][:10] for r in rows if r["flag"]]
     if flagged:
@@ -149,6 +201,14 @@ def register(sub) -> None:
     p.add_argument("--repo", default=str(ROOT), help="git repository for RANGE")
     p.add_argument("--kernel", default=KERNEL_RE, help=f"regex of kernel/collective figures (default {KERNEL_RE})")
     p.add_argument("--model", default=MODEL_RE, help=f"regex of decode figures (default {MODEL_RE})")
-    p.add_argument("--tolerance", type=float, default=0.03, help="relative change counted as faster/slower")
+    p.add_argument("--exclude", default=EXCLUDE_RE, help=f"regex of kernel figures left out (default {EXCLUDE_RE}: "
+                                                         f"anchors and stand-ins; '' keeps all)")
+    p.add_argument("--tolerance", type=float, default=0.03, help="smallest relative change of decode counted "
+                                                                  "(default 0.03)")
+    p.add_argument("--kernel-effect", type=float, default=KERNEL_EFFECT,
+                   help=f"a kernel counts as faster when its time fell to 1/(1+this) or less (default "
+                        f"{KERNEL_EFFECT}; a GPU's isolated figures repeat far closer: try 0.05 there)")
+    p.add_argument("--level", type=float, default=LEVEL,
+                   help=f"interval level where both commits have samples (default {LEVEL})")
     p.add_argument("--json", default=None, metavar="FILE", help="write the rows as JSON ('-' for stdout)")
     p.set_defaults(func=run)

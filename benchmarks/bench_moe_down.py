@@ -1,4 +1,10 @@
-"""u4 MoE down projection (MiniMax M2.x, TP4): each variant's time, measured once per environment."""
+"""u4 MoE down projection (MiniMax M2.x, TP4): each variant's time, measured once per environment.
+
+B70BENCH_MOE_VARIANTS=a,b measures only those variants (the others are skipped rows saying so),
+for walks that follow one variant over many commits.
+"""
+
+import os
 
 from b70bench import moe
 from b70bench.errors import UsageError
@@ -21,15 +27,17 @@ class MoeDown:
 
     def setup_cache(self):
         dev = select_device()
+        chosen = [v for v in os.environ.get("B70BENCH_MOE_VARIANTS", "").split(",") if v] or VARIANTS
         try:
-            rows = moe.measure(dev, VARIANTS, tokens=tuple(self.params[1]), tps=(4,),
+            rows = moe.measure(dev, chosen, tokens=tuple(self.params[1]), tps=(4,),
                                repeat=5 if dev.backend == "cpu" else 20)
         except UsageError as err:
             raise NotImplementedError(str(err)) from None
         return {(r["variant"], r["tokens"]): r for r in rows}
 
     def setup(self, cache, variant, tokens):
-        row = cache[(variant, tokens)]
+        row = cache.get((variant, tokens))
+        skip_if(None if row else f"{variant} is not in B70BENCH_MOE_VARIANTS for this run")
         skip_if(row["skipped"] or (None if row["ok"] else f"{variant} failed its float64 check"))
 
     def track_time(self, cache, variant, tokens):

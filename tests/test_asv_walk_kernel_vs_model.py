@@ -60,3 +60,68 @@ def test_cli_reads_results_dir(tmp_path):
     missing = subprocess.run([sys.executable, "-m", "b70bench", "kernel-vs-model", "--results",
                               str(tmp_path / "nope")], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert missing.returncode == 2 and "holds no asv results" in missing.stderr
+
+
+SAMPLE_COLS = ["result", "params", "version", "started_at", "duration", "samples"]
+DECODE = "bench_decode.Decode.track_s_per_output_token('p128n128b1')"
+
+
+def write_sampled(d: Path, commit: str, date: int, kernels: dict[str, list[float]], decode: list[float]) -> None:
+    """One asv result file with samples: kernels maps "'variant'" or "'path', 'mode', size" to samples."""
+    import statistics
+
+    results = {"bench_decode.Decode.track_s_per_output_token": [[statistics.median(decode)], [["'p128n128b1'"]],
+                                                                 "v", 0, 1.0, [decode]]}
+    moe = {k: v for k, v in kernels.items() if "," not in k}
+    ar = {k: v for k, v in kernels.items() if "," in k}
+    if moe:
+        results["bench_moe_down.MoeDown.track_time"] = [
+            [statistics.median(v) for v in moe.values()], [list(moe), ["1"]], "v", 0, 1.0, list(moe.values())]
+    if ar:  # one path and mode per key, one size: enough for the name matching
+        paths = [k.split(",")[0] for k in ar]
+        results["bench_allreduce.Allreduce.track_time"] = [
+            [statistics.median(v) for v in ar.values()], [paths, ["'in-place'"], ["8"]], "v", 0, 1.0,
+            list(ar.values())]
+    data = {"commit_hash": commit, "env_name": "e", "date": date, "version": 2, "result_columns": SAMPLE_COLS,
+            "results": results}
+    (d / f"{commit[:8]}-e.json").write_text(json.dumps(data))
+
+
+def test_with_samples_only_a_real_decode_slowdown_and_a_large_kernel_win_flag(tmp_path):
+    """Decode per-start samples with the CPU's 5.5% spread: a 25% slowdown beside a 3x kernel win is
+    flagged; a within-noise decode wobble beside the same win is not, nor a 25% slowdown beside a
+    kernel 10% faster (below --kernel-effect), nor beside the c10d anchor twice as fast."""
+    import random
+
+    rng = random.Random(7)
+
+    def starts(scale: float) -> list[float]:
+        return [scale * 1e-3 * rng.lognormvariate(0, 0.055) for _ in range(8)]
+
+    def kernel(t: float) -> list[float]:
+        return [t * rng.lognormvariate(0, 0.01) for _ in range(5)]
+
+    d = tmp_path / "results" / "box"
+    d.mkdir(parents=True)
+    steps = [  # (kernel times, decode scale)
+        ({"'vllm'": kernel(3e-3), "'c10d', 'in-place'": kernel(6e-4)}, 1.0),
+        ({"'vllm'": kernel(1e-3), "'c10d', 'in-place'": kernel(6e-4)}, 1.25),  # the htile case
+        ({"'vllm'": kernel(3e-4), "'c10d', 'in-place'": kernel(6e-4)}, 1.26),  # decode within noise
+        ({"'vllm'": kernel(2.7e-4), "'c10d', 'in-place'": kernel(6e-4)}, 1.6),  # kernel only 10% faster
+        ({"'vllm'": kernel(2.7e-4), "'c10d', 'in-place'": kernel(3e-4)}, 2.0),  # the anchor moved
+    ]
+    for i, (kernels, scale) in enumerate(steps):
+        write_sampled(d, chr(ord("a") + i) * 40, i + 1, kernels, starts(scale))
+    rows = kvm.compare(kvm.read_results(tmp_path / "results"))
+    assert [r["flag"] for r in rows] == [False, True, False, False, False], [
+        (r["faster_kernels"], r["slower_decode"]) for r in rows]
+    assert rows[1]["faster_kernels"] == ["bench_moe_down.MoeDown.track_time('vllm', 1)"]
+    lo, hi = rows[1]["model"][DECODE]["interval"]
+    assert 1.0 < lo < rows[1]["model"][DECODE]["ratio"] < hi
+    assert rows[2]["model"][DECODE]["verdict"] == "no difference"
+    assert rows[3]["slower_decode"] == [DECODE] and rows[3]["faster_kernels"] == []
+    assert not any("'c10d'" in n for r in rows for n in r["kernels"])  # an anchor: never a kernel figure
+    # --exclude '' keeps the anchor: then its halving beside a 25% slowdown is flagged.
+    rows = kvm.compare(kvm.read_results(tmp_path / "results"), exclude_re="")
+    anchor = "bench_allreduce.Allreduce.track_time('c10d', 'in-place', 8)"
+    assert rows[4]["flag"] and rows[4]["faster_kernels"] == [anchor]

