@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	# The wheels are large (vllm, torch, triton): resume interrupted downloads rather than fail the set-up.
 	$(PY) -m pip install -q --retries 10 --resume-retries 20 -e '.[$(EXTRAS)]'
-	$(PY) -m b70bench.envfix
+	$(PY) -m b70bench.cpu_wheels
 	case ',$(EXTRAS),' in *,cpu,*) sh scripts/install-cpu-libs.sh ;; esac
 	touch $@
 

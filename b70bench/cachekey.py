@@ -30,6 +30,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from b70bench import state
 from b70bench.errors import Unavailable, UsageError
 
 AOT_DIR_RE = re.compile(r"torch_aot_compile/([0-9a-f]{64})(?:/|$)")
@@ -280,8 +281,7 @@ def _first_factors(side: dict) -> dict | None:
 def default_pins_path() -> Path:
     if os.environ.get(PINS_ENV):
         return Path(os.environ[PINS_ENV])
-    base = os.environ.get("ASV_CONF_DIR") or Path(__file__).resolve().parent.parent
-    return Path(base) / "results" / "cache-key-pins.json"
+    return state.pins_path()
 
 
 def pin_id(machine: str | None, config: str) -> str:
@@ -322,8 +322,7 @@ DEFAULT_SHAPE = "p128n64"
 
 
 def default_records_dir() -> Path:
-    base = os.environ.get("ASV_CONF_DIR") or Path(__file__).resolve().parent.parent
-    return Path(base) / "results" / "records"
+    return state.records_dir()
 
 
 def config_id(rec: dict) -> str:
@@ -444,8 +443,9 @@ def run(args) -> int:
     from b70bench import records
 
     action = args.action or "measure"
+    records_dir = Path(args.records) if args.records else default_records_dir()
     if action == "show":
-        side = _load_side(args.path, Path(args.records))
+        side = _load_side(args.path, records_dir)
         for k in side.get("keys", []):
             print(f"{k['kind']:9s}  {k['key']}  {k.get('path', '')}")
             for rank, art in (k.get("artifacts") or {}).items():
@@ -459,15 +459,15 @@ def run(args) -> int:
             print(f"no compile-cache key found in {args.path}")
         return 0
     if action == "explain":
-        a = _load_side(args.a, Path(args.records))
-        b = _load_side(args.b, Path(args.records))
+        a = _load_side(args.a, records_dir)
+        b = _load_side(args.b, records_dir)
         changed, lines = explain(a, b)
         print(f"A: {a['source']}\nB: {b['source']}")
         print("\n".join(lines))
         print(f"changed factors: {', '.join(changed) if changed else 'none'}")
         return 0
     if action == "pin":
-        side = _load_side(args.path, Path(args.records))
+        side = _load_side(args.path, records_dir)
         found = {"aot": primary(side.get("keys", []), "aot"), "piecewise": primary(side.get("keys", []), "piecewise")}
         if not any(found.values()):
             raise UsageError(f"{args.path} holds no cache key to pin: pass a cache-key record or a cache directory")
@@ -483,7 +483,7 @@ def run(args) -> int:
 
     dev = devmod.select(args.backend, args.device_index)
     rows = measure(dev, shape=args.shape, pins_path=args.pins, machine=args.machine, auto_pin=not args.no_auto_pin,
-                   records_dir=args.records)
+                   records_dir=records_dir)
     print(records.format_table([_short(r) for r in rows], COLUMNS))
     if args.json:
         records.write_json(args.json, rows)
@@ -500,13 +500,14 @@ def register(sub) -> None:
     p.add_argument("a", nargs="?", help="show/pin: a cache dir, record or commit; explain: the first of two")
     p.add_argument("b", nargs="?", help="explain: the second cache dir, record or commit")
     p.add_argument("--shape", default=DEFAULT_SHAPE, help=f"decode shape of the probe run (default {DEFAULT_SHAPE})")
-    p.add_argument("--pins", default=None, help="pins file (default results/cache-key-pins.json, env "
-                                                f"{PINS_ENV})")
+    p.add_argument("--pins", default=None, help=f"pins file (default: env {PINS_ENV}, else "
+                                                f"cache-key-pins.json in the state directory, {state.HOME_ENV})")
     p.add_argument("--machine", default=None, help="machine name in pins (default: host name)")
     p.add_argument("--config", default=None, help="pin: the config id the key belongs to")
     p.add_argument("--no-auto-pin", action="store_true", help="do not pin the first key seen")
-    p.add_argument("--records", default=str(default_records_dir()),
-                   help="where per-commit cache-key records are saved and looked up")
+    p.add_argument("--records", default=None,
+                   help=f"where per-commit cache-key records are saved and looked up (default: records/ in the "
+                        f"state directory, {state.HOME_ENV}, else the asv project's results/)")
     cli.add_device_args(p)
     cli.add_json_arg(p)
     p.set_defaults(func=_dispatch)

@@ -17,7 +17,7 @@ from b70bench.errors import UsageError
 # Modules that define subcommands, in the order `--help` lists them.
 SUBCOMMAND_MODULES = (
     "b70bench.info",
-    "b70bench.copy",
+    "b70bench.bandwidth",
     "b70bench.allreduce",
     "b70bench.moe.cli",
     "b70bench.decode.cli",
@@ -42,6 +42,24 @@ def add_json_arg(parser: argparse.ArgumentParser) -> None:
                         help="also write the records and the fingerprint to FILE ('-' for stdout only)")
 
 
+# (flag, top-level dest, argparse keywords): options every subcommand that measures takes.
+GLOBAL_OPTIONS = (("--backend", "global_backend", {}), ("--device-index", "global_device_index", {"type": int}),
+                  ("--json", "global_json", {}))
+
+
+def _apply_global_options(args: argparse.Namespace) -> None:
+    for flag, dest, _ in GLOBAL_OPTIONS:
+        value = getattr(args, dest)
+        delattr(args, dest)
+        if value is None:
+            continue
+        own = flag.lstrip("-").replace("-", "_")
+        if not hasattr(args, own):
+            raise UsageError(f"{flag} does not apply to `b70bench {args.command}`: drop it")
+        if getattr(args, own) is None:
+            setattr(args, own, value)
+
+
 def _module_exists(name: str) -> bool:
     try:
         return importlib.util.find_spec(name) is not None
@@ -54,6 +72,10 @@ def build_parser() -> argparse.ArgumentParser:
         prog="b70bench",
         description="Communication, kernel and end-to-end decode benchmarks for LLM inference stacks.")
     parser.add_argument("--version", action="version", version=f"b70bench {__version__}")
+    # The same device and output options as each subcommand's, accepted before it too
+    # (`b70bench --backend cpu info`); the subcommand's own, when given, wins.
+    for flag, dest, kw in GLOBAL_OPTIONS:
+        parser.add_argument(flag, dest=dest, default=None, help=argparse.SUPPRESS, **kw)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in SUBCOMMAND_MODULES:
         if _module_exists(name):
@@ -75,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
+        _apply_global_options(args)
         return int(args.func(args) or 0)
     except UsageError as err:
         print(f"b70bench {args.command}: error: {err}", file=sys.stderr)

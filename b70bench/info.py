@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from b70bench import cli, copy, records, suites
+from b70bench import bandwidth, cli, records, suites
 from b70bench import device as devmod
 from b70bench.fingerprint import fingerprint
 
@@ -11,7 +11,7 @@ def run(args) -> int:
     dev = devmod.select(args.backend, args.device_index)
     fp = fingerprint(dev)
     avail = suites.availability(dev)
-    anchor = copy.measure(dev) if args.measure else None
+    anchor = bandwidth.measure(dev) if args.measure else None
     if args.json:
         out = {"fingerprint": fp,
                "suites": {name: {"runs": reason is None, "reason": reason} for name, reason in avail.items()},
@@ -26,7 +26,7 @@ def run(args) -> int:
             print(f"{name.ljust(10)}  {'runs here' if reason is None else 'skipped: ' + reason}")
         if anchor:
             print()
-            print(records.format_table([anchor], copy.COLUMNS))
+            print(records.format_table([anchor], bandwidth.COLUMNS))
     return 0
 
 

@@ -20,7 +20,7 @@ import re
 import sys
 from pathlib import Path
 
-from b70bench import records, stats
+from b70bench import records, state, stats
 from b70bench.errors import UsageError
 
 # Time figures of the isolated suites (bandwidths read the other way round, so they are left out)...
@@ -33,7 +33,6 @@ MODEL_RE = r"\.track_s_per_output_token$"
 # (vLLM's shared-memory allreduce on a 2-core CPU: +-15% from run to run), so a kernel counts as
 # faster only when its time fell by this much (ratio <= 1 / (1 + effect)).
 KERNEL_EFFECT = 0.25
-ROOT = Path(__file__).resolve().parent.parent
 LEVEL = 0.99
 
 
@@ -167,7 +166,7 @@ def unavailable_reason(device) -> str | None:
 def run(args) -> int:
     if not 0 < args.level < 1:
         raise UsageError(f"--level {args.level} is not a probability: pass e.g. 0.99")
-    results_dir = Path(args.results)
+    results_dir = Path(args.results) if args.results else state.asv_results_dir()
     if not results_dir.is_dir():
         raise UsageError(f"{results_dir} holds no asv results: run `asv run` (or `make bench`) first, or pass "
                          f"--results DIR")
@@ -178,7 +177,8 @@ def run(args) -> int:
     if args.range:
         from b70bench.revisions import commits_in
 
-        order = [c for c in commits_in(Path(args.repo), args.range) if c in results]
+        repo = Path(args.repo) if args.repo else state.project_dir() or Path.cwd()
+        order = [c for c in commits_in(repo, args.range) if c in results]
     rows = compare(results, args.kernel, args.model, args.tolerance, order, args.level, args.kernel_effect,
                    args.exclude)
     print(format_rows(rows))
@@ -196,9 +196,10 @@ def register(sub) -> None:
                        description="Read asv results per commit and flag commits where an isolated kernel got "
                                    "faster while decode got slower.")
     p.add_argument("range", nargs="?", help="OLD..NEW to order and limit commits (default: all, by commit date)")
-    p.add_argument("--results", default=str(ROOT / "results" / "asv"), help="asv results_dir")
+    p.add_argument("--results", default=None, help="asv results_dir (default: the asv project's, from its "
+                                                    "asv.conf.json)")
     p.add_argument("--machine", default=None, help="asv machine name (default: all)")
-    p.add_argument("--repo", default=str(ROOT), help="git repository for RANGE")
+    p.add_argument("--repo", default=None, help="git repository for RANGE (default: the asv project)")
     p.add_argument("--kernel", default=KERNEL_RE, help=f"regex of kernel/collective figures (default {KERNEL_RE})")
     p.add_argument("--model", default=MODEL_RE, help=f"regex of decode figures (default {MODEL_RE})")
     p.add_argument("--exclude", default=EXCLUDE_RE, help=f"regex of kernel figures left out (default {EXCLUDE_RE}: "

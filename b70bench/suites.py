@@ -7,7 +7,7 @@ import importlib.util
 
 # suite name -> module that defines unavailable_reason(device) -> str | None
 SUITES = {
-    "copy": "b70bench.copy",
+    "copy": "b70bench.bandwidth",
     "allreduce": "b70bench.allreduce",
     "moe-down": "b70bench.moe",
     "decode": "b70bench.decode",

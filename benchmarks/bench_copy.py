@@ -1,6 +1,6 @@
 """The anchor: device-to-device copy bandwidth (bytes read + written per second)."""
 
-from b70bench import copy
+from b70bench import bandwidth
 
 from .common import select_device
 
@@ -17,7 +17,7 @@ class Copy:
 
     def setup_cache(self):
         dev = select_device()
-        return {mib: copy.measure(dev, mib * MIB) for mib in self.params[0]}
+        return {mib: bandwidth.measure(dev, mib * MIB) for mib in self.params[0]}
 
     def track_time(self, cache, mib):
         return {"samples": cache[mib]["samples_s"], "number": 1}

@@ -4,12 +4,12 @@ import sys
 
 import pytest
 
-from b70bench import copy, device, fingerprint
+from b70bench import bandwidth, device, fingerprint
 
 
 def test_copy_record_bandwidth_is_read_plus_written():
     dev = device.select("cpu")
-    rec = copy.measure(dev, 1 << 20, repeat=5, warmup=1)
+    rec = bandwidth.measure(dev, 1 << 20, repeat=5, warmup=1)
     assert rec["wrong"] == 0
     assert rec["bandwidth_gbps"] == pytest.approx(2 * (1 << 20) / (rec["time_us"] * 1e-6) / 1e9)
     assert len(rec["samples_s"]) == 5
@@ -17,7 +17,7 @@ def test_copy_record_bandwidth_is_read_plus_written():
 
 def test_copy_rejects_bad_size():
     with pytest.raises(ValueError, match="multiple of 4"):
-        copy.measure(device.select("cpu"), 6)
+        bandwidth.measure(device.select("cpu"), 6)
 
 
 def test_fingerprint_has_the_fields_records_rely_on():

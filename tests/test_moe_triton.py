@@ -155,7 +155,7 @@ def test_mixed_tiling_is_a_two_pair_and_a_one_pair_tiling_that_agree():
     (384, 16, "m2n64k128s1w2st1sum-packed-paired-2r+m1n64k128s1w2st1sum-packed-paired-pf-2r"),
 ])
 def test_htile_decode_policy_follows_the_h200_sweeps(k, tokens, label):
-    """The decode tilings results/moe-down-h200.md measured fastest (here without PDL: a CPU batch)."""
+    """The decode tilings docs/moe-down.md measured fastest (here without PDL: a CPU batch)."""
     import torch
 
     from b70bench.moe import shapes, variants
@@ -243,7 +243,7 @@ def test_row_pairs_need_paired_words_in_whole_groups():
 
 def test_dq_keeps_the_first_blocks_dequantization_before_the_wait_in_sass():
     """-dq pays only if the dequantization runs before griddepcontrol.wait (SASS ACQBULK); ptxas sinks it
-    past the wait unless the kernel's branch on the dequantized tile holds it (results/moe-down-h200.md,
+    past the wait unless the kernel's branch on the dequantized tile holds it (docs/moe-down.md,
     session 6). Compiled here for sm_90 with the ptxas and cuobjdump Triton ships; no GPU needed."""
     import re
     import subprocess

@@ -72,6 +72,10 @@ class VllmAllReduce:
         name = getattr(getattr(comm, "dist_module", None), "group_name", None)
         self._shm_paths = [f"/dev/shm/{name}_{rank}"] if name else []
 
+    def graph_context(self, device):
+        """vLLM's graph_capture(device) context (custom allreduce and pynccl switch to their capture mode)."""
+        return self._ps.graph_capture(device)
+
     def close(self) -> None:
         """Tear vLLM's groups down (the default group stays the caller's) and unlink this rank's segment,
         which vLLM leaves to the interpreter's exit (an os._exit would leak it)."""

@@ -9,6 +9,8 @@ an allreduce is only done when the slowest rank is.
 
 from __future__ import annotations
 
+import contextlib
+
 import datetime
 import os
 import sys
@@ -221,8 +223,6 @@ class Rank:
             if mode != "in-place":
                 return {**base, "skipped": "vLLM's all_reduce is one call whose communicator decides any copy: "
                                            "its row is mode in-place (the caller's tensor as is)"}
-            if p.graph:
-                return {**base, "skipped": "graph capture through vLLM's graph_capture context is not wired here"}
         dtype = TORCH_DTYPES[p.dtype]
         k = _expected_pattern(self.world, p.dtype)
         x = _pattern(base["count"], k or 1, self.rank, dtype, dev.torch_device)
@@ -243,8 +243,12 @@ class Rank:
             if p.graph:
                 reason = None
                 try:
-                    many = self._capture(op, iters, warmup=2)
-                    one = self._capture(lambda: kept.append(op()), 1, warmup=0)
+                    # vLLM captures its collectives inside its own context (custom allreduce registers
+                    # the captured buffers when it closes); the other paths need none.
+                    ctx = self.vllm.graph_context(dev.torch_device) if path == "vllm" else contextlib.nullcontext()
+                    with ctx:
+                        many = self._capture(op, iters, warmup=2)
+                        one = self._capture(lambda: kept.append(op()), 1, warmup=0)
                 except Exception as err:  # a backend that cannot capture this op: skip, on every rank
                     reason = f"graph capture failed: {type(err).__name__}: {str(err).splitlines()[0][:200]}"
                 if not self._agree(reason is None):

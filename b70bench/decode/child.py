@@ -120,7 +120,7 @@ def host_probe(reps: int = 3, clock=time.perf_counter) -> float:
     """Fastest of `reps` runs of a fixed pure-Python loop (~12 ms here), in seconds.
 
     The same work every time, so a change says the host got slower or faster: on the 2-core VM
-    this moved by 5-70% within minutes with the VM idle (results/decode.md), which is what makes
+    this moved by 5-70% within minutes with the VM idle (docs/decode.md), which is what makes
     separate vLLM starts disagree. Taken before and after the timed calls of every run.
     """
     best = float("inf")

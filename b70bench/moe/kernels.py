@@ -24,7 +24,7 @@ kernel launched under the main kernel, letting what follows launch before it wai
 (-oN: a shared-memory pad so that at most N programs share an SM). A mixed
 tiling (`singles`) puts only an expert's pairs of pairs in 2-pair blocks and the odd pairs in a
 second launch with a 1-pair tiling, the two running at the same time (LAUNCH). What each bought on
-the H200: results/moe-down-h200.md.
+the H200: docs/moe-down.md.
 Blocks of 16 pairs take one tensor-core dot per nibble plane. Blocks of 32+ pairs (prefill)
 do interleave: one dot over the whole K-block, which at that size is cheaper than the eight
 K=16 plane dots it replaces (each goes through shared memory; 2-2.4x slower at 512 tokens).
@@ -485,7 +485,7 @@ def _moe_down_vec(x_ptr, qw_ptr, sc_ptr, pair_ptr, blk_expert_ptr, rw_ptr, part_
         acc1 = tl.zeros((BLOCK_K // PACK_C, BLOCK_N), dtype=tl.float32)
     # A K-block deeper than the split (BLOCK_K > k_per, e.g. 512 for TP4's 384) is one masked
     # iteration: the whole split's loads are issued at once, which a loop of dependent K-blocks
-    # cannot do (decode rows are bound by the bytes each SM has in flight; results/moe-down-h200.md).
+    # cannot do (decode rows are bound by the bytes each SM has in flight; docs/moe-down.md).
     if TWO_ROWS:
         # -2r (paired words, K-blocks of whole groups): as the branch below, over pairs of word rows of one scale
         # group, so its accumulators (half_acc*) hold half the rows.
@@ -713,7 +713,7 @@ class Config:
     maxnreg: int = 0  # registers per thread ptxas may use (0: its choice); fewer = more programs resident
     # decode blocks, CUDA: at most this many programs per SM (0: no cap), by shared memory each program holds
     # (-oN, residency_pad). Where the registers leave more slots than a one-wave grid needs, the next call's
-    # programs (launched early under PDL) fill them unevenly as this call's leave (results/moe-down-h200.md,
+    # programs (launched early under PDL) fill them unevenly as this call's leave (docs/moe-down.md,
     # session 7). The cap takes the L1 cache's share of the SM's memory, which 16-wide 2-warp tiles need.
     per_sm: int = 0
     paired: bool = False  # packed decode: nibbles reordered (pair_nibbles) so x pairs are single 32-bit loads
@@ -747,7 +747,7 @@ class Config:
 DOT_MIN_M = 16  # tl.dot needs 16 rows; fewer pairs per block use the elementwise product instead
 # From 32 pairs per block one interleaved dot per K-block beats eight per-plane dots (H200 graph replay, bf16:
 # 512 tokens, BLOCK_M 32: 736 vs 1763 us at TP1, 240 vs 480 us at TP4); at 16 the planes won (64 tokens: 224
-# vs 302 us at TP1, 67 vs 92 us at TP4). results/moe-down-h200.md, runs 1 and 3.
+# vs 302 us at TP1, 67 vs 92 us at TP4). docs/moe-down.md, runs 1 and 3.
 WIDE_MIN_M = 32
 DOT_K = 16 * PACK  # a dot's K is the block's word rows: 16 of them at least
 # Budget of the elementwise path's tiles by fp32_tile_regs; ptxas used ~1.5x this estimate in

@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from b70bench import copy, records, timing
+from b70bench import bandwidth, records, timing
 from b70bench.device import Device
 from b70bench.errors import Unavailable, UsageError
 from b70bench.fingerprint import fingerprint
@@ -115,7 +115,7 @@ def measure(dev: Device, variant_names: list[str] | None = None, tokens=TOKENS, 
         if tuned and getattr(v, "htile", False):
             v.tuned = tuned
     reference = varmod.Reference()
-    anchor = anchor_gbps if anchor_gbps is not None else copy.anchor_gbps(dev)
+    anchor = anchor_gbps if anchor_gbps is not None else bandwidth.anchor_gbps(dev)
     fp = fingerprint(dev)
     cache = cache_bytes(dev)
     budget = memory_budget or (4 << 30 if dev.backend != "cpu" else 1 << 30)

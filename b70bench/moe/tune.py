@@ -8,7 +8,7 @@ import re
 import time
 from dataclasses import asdict, replace
 
-from b70bench import copy, records
+from b70bench import bandwidth, records
 from b70bench.errors import Unavailable
 from b70bench.fingerprint import fingerprint
 from b70bench.moe import suite
@@ -74,7 +74,7 @@ def configs(k: int, group: int, auto_bm: int, n: int = 3072, blocks: dict | None
         score = abs(math.log2(max(per_sm, 1e-3) / 4)) + (0 if fused else 0.75) + (1.5 if bm >= DOT_MIN_M else 0)
         score += 0.5 * (bm != auto_bm) + 0.25 * (warps != 4) + 0.25 * (bn == 256)
         # Decode blocks: packed 16x2 dequant and cp.async pipelining (stages 3) first, then the fp32 planes
-        # and unpipelined loops that earlier sweeps found best (results/moe-down-h200.md).
+        # and unpipelined loops that earlier sweeps found best (docs/moe-down.md).
         if bm < DOT_MIN_M:
             score += 0.6 * (not packed) + {3: 0, 1: 0.4, 4: 0.7}[stages]
         cands.append((score, Config(block_m=bm, block_n=bn, block_k=bk, split_k=split, num_warps=warps,
@@ -94,7 +94,7 @@ def sweep(dev, shape, tps, tokens, dtype, graph: bool = True, repeat: int = 10, 
     reason = varmod.triton_reason(dev)
     if reason:
         raise Unavailable(reason)
-    anchor = copy.anchor_gbps(dev)
+    anchor = bandwidth.anchor_gbps(dev)
     fp = fingerprint(dev)
     cache = suite.cache_bytes(dev)
     ref = varmod.Reference()

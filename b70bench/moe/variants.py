@@ -201,7 +201,7 @@ class TritonVariant:
             return replace(cfg, **self.overrides)
         if not dot:
             # Decode: bound by the bytes each SM has in flight (ncu: < 1 wave, 12-37% of DRAM throughput)
-            # and by the launch and top-k sum around the kernel. H200 sweeps (results/moe-down-h200.md,
+            # and by the launch and top-k sum around the kernel. H200 sweeps (docs/moe-down.md,
             # runs 6-31): one token takes K-blocks of up to 512 per load, 32-wide tiles of 4 warps, or
             # where K needs several such blocks (TP1) 16-wide tiles of 2 warps without the prefetch;
             # 2-4 tokens over several blocks the same 32x512x4 tiles; more tokens (or a short K) 64-wide
