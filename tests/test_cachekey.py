@@ -121,7 +121,7 @@ def test_explain_names_the_forward_line_and_the_traced_file():
 def test_explain_piecewise_factors_env_and_compiler(tmp_path):
     a = write_piecewise(tmp_path / "a", "0123456789", {"VLLM_X": "0", "VLLM_Y": "1"}, "h1")
     b = write_piecewise(tmp_path / "b", "abcdef0123", {"VLLM_X": "1", "VLLM_Y": "1"}, "h2")
-    side_a, side_b = cachekey._load_side(str(a)), cachekey._load_side(str(b))
+    side_a, side_b = cachekey.load_side(str(a)), cachekey.load_side(str(b))
     assert cachekey.primary(side_a["keys"], "piecewise") == "0123456789"
     changed, lines = cachekey.explain(side_a, side_b)
     assert changed == ["env", "compiler"]
