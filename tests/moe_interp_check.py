@@ -9,11 +9,11 @@ os.environ["TRITON_INTERPRET"] = "1"
 import torch  # noqa: E402
 
 from b70bench import device  # noqa: E402
-from b70bench.moe import kernels, shapes, suite, variants  # noqa: E402
+from b70bench.moe import shapes, suite, variants  # noqa: E402
+from b70bench.moe.configs import Config as C  # noqa: E402
 
 shape = shapes.MoeShape(hidden=64, intermediate=256, experts=8, topk=2)
 dev = device.Device("cpu")
-C = kernels.Config
 # (dtype, tokens, tiling): the elementwise (decode) kernel with 1 and 2 pairs per block, K-blocks
 # within and across scale groups, tl.dot per nibble plane (16) and over the K-block (32+), split-K,
 # both reductions. tl.dot cases use fp16:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import re
 import time
 from dataclasses import asdict, replace
 
@@ -13,6 +12,7 @@ from b70bench.errors import Unavailable
 from b70bench.fingerprint import fingerprint
 from b70bench.moe import suite
 from b70bench.moe import variants as varmod
+from b70bench.moe.configs import Config, from_fields, parse_label
 from b70bench.moe.shapes import random_batch, random_weights, roofline_bytes
 
 COLUMNS = ["tp", "tokens", "config", "programs", "time_us", "time_us_iqr", "gbps", "frac_copy", "rel_err", "ok",
@@ -28,9 +28,8 @@ def configs(k: int, group: int, auto_bm: int, n: int = 3072, blocks: dict | None
     first, the in-kernel reduction before the second launch. `blocks` maps block_m to the number
     of expert blocks of the probe routing."""
     import math
-    from dataclasses import replace
 
-    from b70bench.moe.kernels import DOT_MIN_M, Config, fit_block_k
+    from b70bench.moe.launch import DOT_MIN_M, fit_block_k
 
     bms = [auto_bm] + ([1] if auto_bm == 2 else []) + ([DOT_MIN_M] if auto_bm < DOT_MIN_M else [])
     seeds = []
@@ -88,7 +87,7 @@ def sweep(dev, shape, tps, tokens, dtype, graph: bool = True, repeat: int = 10, 
     """Every tiling in configs() (or `tilings`, where a block_m of 0 takes the routing's own) per
     (tp, tokens), until `seconds` have passed (compiles dominate). A tiling that does not fit a
     shape is a row with the reason, not an error."""
-    from b70bench.moe import kernels
+    from b70bench.moe import launch
 
     per_shape = seconds / max(1, len(tps) * len(tokens))
     reason = varmod.triton_reason(dev)
@@ -111,30 +110,30 @@ def sweep(dev, shape, tps, tokens, dtype, graph: bool = True, repeat: int = 10, 
                                  for i in range(1, sets)]
             mean_bytes = sum(roofline_bytes(shape, k, b, dtype) for b in batches) / len(batches)
             deadline = time.monotonic() + per_shape
-            auto = kernels.auto_block_m(probe.ids_cpu)
-            blocks = {bm: kernels.group_pairs(probe.ids_cpu, bm)[1].numel() for bm in {1, 2, auto, 16}}
-            sms = varmod._sm_count(dev.torch_device)
-            pdl = kernels.pdl_reason(dev.torch_device) is None
+            auto = launch.auto_block_m(probe.ids_cpu)
+            blocks = {bm: launch.group_pairs(probe.ids_cpu, bm)[1].numel() for bm in {1, 2, auto, 16}}
+            sms = varmod.sm_count(dev.torch_device)
+            pdl = launch.pdl_reason(dev.torch_device) is None
             cands = configs(k, shape.group, auto, shape.hidden, blocks, sms, pdl) if tilings is None else [
                 replace(t, block_m=t.block_m or auto) for t in tilings]
             for cfg in cands:
                 if time.monotonic() > deadline:
                     break
                 try:
-                    kernels.check_config(cfg, k, shape.group)
+                    launch.check_config(cfg, k, shape.group)
                 except ValueError as err:
                     rows.append(records.record("moe-down-tune", fingerprint=fp, tp=tp, tokens=ntok, k=k,
                                                config=cfg.label(), skipped=str(err)))
                     continue
                 v = varmod.TritonVariant("triton-tune", config=cfg)
                 if cfg.block_m not in blocks:
-                    blocks[cfg.block_m] = kernels.group_pairs(probe.ids_cpu, cfg.block_m)[1].numel()
+                    blocks[cfg.block_m] = launch.group_pairs(probe.ids_cpu, cfg.block_m)[1].numel()
                 row = dict(tp=tp, tokens=ntok, k=k, n=shape.hidden, config=cfg.label(), tiling=asdict(cfg),
                            experts_hit=probe.experts_hit,
                            programs=blocks[cfg.block_m] * -(-shape.hidden // cfg.block_n) * cfg.split_k, graph=graph)
                 try:
                     row.update(suite.check(v, ref, shape, wsets[0], k, ntok, dtype, dev, seed + 31 * ntok))
-                    row.update(suite._time(dev, v, wsets, batches, graph, repeat, 3, mean_bytes, anchor))
+                    row.update(suite.time_variant(dev, v, wsets, batches, graph, repeat, 3, mean_bytes, anchor))
                 except Exception as err:  # one tiling that fails to compile or launch must not end the sweep
                     row["skipped"] = suite.failed(dev, err)
                 rows.append(records.record("moe-down-tune", fingerprint=fp, **row))
@@ -147,7 +146,6 @@ def sweep(dev, shape, tps, tokens, dtype, graph: bool = True, repeat: int = 10, 
 def load_tuned(path) -> dict:
     """(K, N, tokens) -> the fastest correct Config of a sweep's JSON (`--tune --json FILE`)."""
     from b70bench.errors import UsageError
-    from b70bench.moe.kernels import Config
 
     try:
         with open(path) as f:
@@ -161,32 +159,7 @@ def load_tuned(path) -> dict:
         key = (r.get("k") or shape_k(r), r.get("n") or 3072, r["tokens"])
         if key not in best or r["time_us"] < best[key]["time_us"]:
             best[key] = r
-    return {key: Config(**r["tiling"]) if "tiling" in r else parse_label(r["config"]) for key, r in best.items()}
-
-
-LABEL = re.compile(r"m(\d+)n(\d+)k(\d+)s(\d+)w(\d+)st(\d+)(sum|fused)(-packed)?(-paired)?(-tiled)?(?:-r(\d+))?"
-                   r"(?:-o(\d+))?(-pf)?(-pdl)?(-early)?(-dq)?(-2r)?$")
-
-
-def parse_label(label: str):
-    """Config from its label, e.g. m1n64k128s4w4st3sum (older sweep files carry only this); a mixed
-    tiling is its 2-pair and 1-pair labels joined by "+"."""
-    from dataclasses import replace
-
-    from b70bench.moe.kernels import Config
-
-    if label.count("+") == 1:
-        pairs, singles = label.split("+")
-        return replace(parse_label(pairs), singles=parse_label(singles))
-    m = LABEL.match(label)
-    if not m:
-        raise ValueError(f"not a tiling label: {label!r}")
-    bm, bn, bk, split, warps, stages = map(int, m.groups()[:6])
-    return Config(bm, bn, bk, split, warps, stages, fused_reduce=m.group(7) == "fused", packed=m.group(8) is not None,
-                  paired=m.group(9) is not None, tiled=m.group(10) is not None, maxnreg=int(m.group(11) or 0),
-                  per_sm=int(m.group(12) or 0), prefetch=m.group(13) is not None, pdl=m.group(14) is not None,
-                  early=m.group(15) is not None, dequant_early=m.group(16) is not None,
-                  two_rows=m.group(17) is not None)
+    return {key: from_fields(r["tiling"]) if "tiling" in r else parse_label(r["config"]) for key, r in best.items()}
 
 
 def parse_tiling(label: str):
