@@ -12,7 +12,7 @@ from b70bench.errors import Unavailable
 from b70bench.fingerprint import fingerprint
 from b70bench.moe import suite
 from b70bench.moe import variants as varmod
-from b70bench.moe.configs import Config, from_fields, parse_label
+from b70bench.moe.configs import Config, flag_order, from_fields, parse_fields, parse_label
 from b70bench.moe.shapes import random_batch, random_weights, roofline_bytes
 
 COLUMNS = ["tp", "tokens", "config", "programs", "time_us", "time_us_iqr", "gbps", "frac_copy", "rel_err", "ok",
@@ -162,17 +162,30 @@ def load_tuned(path) -> dict:
     return {key: from_fields(r["tiling"]) if "tiling" in r else parse_label(r["config"]) for key, r in best.items()}
 
 
-def parse_tiling(label: str):
-    """--tilings' argument: a tiling label, or a clear error naming the expected form."""
+def parse_tiling(text: str):
+    """--tilings' argument: a tiling label, `key=value,key=value` (Config's field names), or the JSON object a
+    sweep stores for a tiling (a row's `tiling`); a clear error naming the expected form otherwise."""
     from b70bench.errors import UsageError
 
+    text = text.strip()
     try:
-        return parse_label(label)
+        if text.startswith("{"):
+            try:
+                values = json.loads(text)
+            except ValueError as err:
+                raise ValueError(f"{text!r} is not a JSON object: {err}") from None
+            return from_fields(values)
+        if "=" in text:
+            return parse_fields(text)
+    except ValueError as err:
+        raise UsageError(f"--tilings: {err}") from None
+    try:
+        return parse_label(text)
     except ValueError:
-        raise UsageError(f"--tilings: {label!r} is not a tiling label; write it as the sweep prints it, "
-                         "e.g. m1n32k512s1w4st1sum-packed-paired-pf-pdl-early, flags in the order "
-                         "-packed -paired -tiled -rN -oN -pf -pdl -early -dq -2r; a mixed tiling joins a 2-pair and a "
-                         "1-pair label with +") from None
+        raise UsageError(f"--tilings: {text!r} is not a tiling label; write it as the sweep prints it, "
+                         f"e.g. m1n32k512s1w4st1sum-packed-paired-pf-pdl-early, flags in the order {flag_order()}; "
+                         "a mixed tiling joins a 2-pair and a 1-pair label with +; or by field names: "
+                         "key=value,key=value or a JSON object") from None
 
 
 def shape_k(row: dict) -> int:
