@@ -10,7 +10,6 @@ an allreduce is only done when the slowest rank is.
 from __future__ import annotations
 
 import contextlib
-
 import datetime
 import os
 import sys
