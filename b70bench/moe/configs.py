@@ -41,8 +41,8 @@ class Config:
     maxnreg: int = 0  # registers per thread ptxas may use (0: its choice); fewer = more programs resident
     # decode blocks, CUDA: at most this many programs per SM (0: no cap), by shared memory each program holds
     # (-oN, residency_pad). Where the registers leave more slots than a one-wave grid needs, the next call's
-    # programs (launched early under PDL) fill them unevenly as this call's leave (docs/moe-down.md,
-    # session 7). The cap takes the L1 cache's share of the SM's memory, which 16-wide 2-warp tiles need.
+    # programs (launched early under PDL) fill them unevenly as this call's leave (docs/moe-down.md).
+    # The cap takes the L1 cache's share of the SM's memory, which 16-wide 2-warp tiles need.
     per_sm: int = 0
     paired: bool = False  # packed decode: nibbles reordered (pair_nibbles) so x pairs are single 32-bit loads
     prefetch: bool = False  # decode blocks: the next K-block's words loaded before this block's products

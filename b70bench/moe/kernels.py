@@ -35,6 +35,11 @@ PACK_C = tl.constexpr(PACK)
 # fp32 2**23: OR-ing a nibble field (bits < 23) into its mantissa gives 2**23 + field exactly.
 MAGIC_BITS = tl.constexpr(0x4B000000)
 MAGIC = tl.constexpr(8388608.0)
+# _moe_down_vec's LAUNCH: the tiling's only launch, or (with PDL and EARLY) the first or the second of a mixed
+# tiling's two launches, which run at the same time.
+LAUNCH_ALONE = tl.constexpr(0)
+LAUNCH_FIRST = tl.constexpr(1)
+LAUNCH_SECOND = tl.constexpr(2)
 
 
 @triton.jit
@@ -155,8 +160,8 @@ def _pair_term(q, xp, J: tl.constexpr, HALF: tl.constexpr):
 def _dequant(q, HALF: tl.constexpr, ASM: tl.constexpr):
     """A word's eight nibbles - 8 as four 32-bit registers of two 16-bit values: register J holds
     nibbles J and J+4, the halves x pair J meets. The interpreter keeps them as int16 halves.
-    The asm is marked impure as measured (runs 50-52); what keeps it before the wait is the branch in
-    _moe_down_vec, not this."""
+    The asm is marked impure as measured (docs/moe-down.md); what keeps it before the wait is the branch
+    in _moe_down_vec, not this."""
     if ASM:
         if HALF:
             w = tl.inline_asm_elementwise(_DEQUANT_FP16, "=r,=r,=r,=r,r", [q],
@@ -343,10 +348,10 @@ def _dq_products(w0, w1, w2, w3, s, x_row, p, k0, k_end, rows, P, HALF: tl.const
 @triton.jit
 def _wait_for_activations(PDL: tl.constexpr, EARLY: tl.constexpr, ASM: tl.constexpr, LAUNCH: tl.constexpr):
     """Launched early (-early), wait for the previous kernel's output (the activations) here; the first launch of
-    a concurrent mixed tiling (LAUNCH 1) then lets the second launch start."""
-    if EARLY and ASM and LAUNCH != 2:
+    a concurrent mixed tiling (LAUNCH_FIRST) then lets the second launch start."""
+    if EARLY and ASM and LAUNCH != LAUNCH_SECOND:
         tl.extra.cuda.gdc_wait()
-    if PDL and ASM and LAUNCH == 1:
+    if PDL and ASM and LAUNCH == LAUNCH_FIRST:
         tl.extra.cuda.gdc_launch_dependents()
 
 
@@ -363,14 +368,14 @@ def _moe_down_vec(x_ptr, qw_ptr, sc_ptr, pair_ptr, blk_expert_ptr, rw_ptr, part_
     [BLOCK_K/8, BLOCK_N] fp32 tile laid out like the loaded words (2D, so every op keeps the
     load's layout); the word rows are summed once, after the K loop.
 
-    LAUNCH (with PDL and EARLY): 0 alone; 1 and 2 the two launches of a mixed tiling, run at the same
-    time. 1 lets the next launch start only after its own wait, when the activations are ready; 2,
-    launched under it, so reads them without a wait, and waits for the first grid before it ends, so
-    that whatever waits for it (the sum kernel) also waits for both."""
+    LAUNCH (with PDL and EARLY): LAUNCH_ALONE, or LAUNCH_FIRST and LAUNCH_SECOND, the two launches of a
+    mixed tiling, run at the same time. The first lets the next launch start only after its own wait, when
+    the activations are ready; the second, launched under it, so reads them without a wait, and waits for
+    the first grid before it ends, so that whatever waits for it (the sum kernel) also waits for both."""
     if PAD > 0 and ASM:
         # -oN: PAD bytes of shared memory held so that at most N programs share an SM (residency_pad).
         tl.inline_asm_elementwise(PAD_ASM, "=r,r", [P], dtype=tl.int32, is_pure=False, pack=1)
-    if PDL and ASM and LAUNCH != 1:
+    if PDL and ASM and LAUNCH != LAUNCH_FIRST:
         # What follows may launch now (the sum kernel; with FUSED_REDUCE the next kernel, if it is
         # launched for it); it waits (gdc_wait) for this whole grid before reading what it wrote.
         tl.extra.cuda.gdc_launch_dependents()
@@ -437,7 +442,7 @@ def _moe_down_vec(x_ptr, qw_ptr, sc_ptr, pair_ptr, blk_expert_ptr, rw_ptr, part_
             q_next, s_next = _block_weights(qw_base, sc_base, k_lo + BLOCK_K, k_end, rows, w_cols, n_ok, w_stride,
                                             GROUP)
         w0, w1, w2, w3 = _dequant(q, HALF, ASM)
-        if EARLY and ASM and LAUNCH != 2:
+        if EARLY and ASM and LAUNCH != LAUNCH_SECOND:
             # ptxas sinks pure arithmetic past the wait (it shortens live ranges); a branch on a value made
             # from every dequantized register keeps them before it. Both arms wait.
             v = tl.max(tl.max(w0 | w1 | w2 | w3, axis=1), axis=0)
@@ -446,7 +451,7 @@ def _moe_down_vec(x_ptr, qw_ptr, sc_ptr, pair_ptr, blk_expert_ptr, rw_ptr, part_
                                           is_pure=False, pack=1)
             else:
                 tl.extra.cuda.gdc_wait()
-        if PDL and ASM and LAUNCH == 1:
+        if PDL and ASM and LAUNCH == LAUNCH_FIRST:
             tl.extra.cuda.gdc_launch_dependents()
         acc0 += _dq_products(w0, w1, w2, w3, s, x0, p0, k_lo, k_end, rows, P, HALF, ASM)
         if BLOCK_M == 2:
@@ -512,7 +517,7 @@ def _moe_down_vec(x_ptr, qw_ptr, sc_ptr, pair_ptr, blk_expert_ptr, rw_ptr, part_
     if BLOCK_M == 2:
         res1 = col1 * tl.load(rw_ptr + p1, mask=p1 < P, other=0.0)
         tl.store(part + p1.to(tl.int64) * N, res1, mask=n_ok & ((offs_n * 0 + p1) < P))
-    if LAUNCH == 2 and ASM:
+    if LAUNCH == LAUNCH_SECOND and ASM:
         tl.extra.cuda.gdc_wait()
     if FUSED_REDUCE:
         pairs = tl.load(pair_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
@@ -604,8 +609,8 @@ def _moe_sum(part_ptr, out_ptr, P, N, TOPK: tl.constexpr, SPLIT_K: tl.constexpr,
     if PDL:
         # Launched under the main kernel (programmatic dependent launch). Whatever follows may
         # launch at once: it waits for this grid, which waits for the main kernel, so in a graph
-        # of calls the next call's weights stream in while this one sums (H200 run 25: TP4
-        # tokens 1 4.96 -> 4.54 us against waiting first).
+        # of calls the next call's weights stream in while this one sums (faster than waiting
+        # first: docs/moe-down.md).
         tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
     t = tl.program_id(0)

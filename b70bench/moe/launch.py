@@ -22,7 +22,7 @@ from b70bench.moe.layout import PACK
 DOT_MIN_M = 16  # tl.dot needs 16 rows; fewer pairs per block use the elementwise product instead
 # From 32 pairs per block one interleaved dot per K-block beats eight per-plane dots (H200 graph replay, bf16:
 # 512 tokens, BLOCK_M 32: 736 vs 1763 us at TP1, 240 vs 480 us at TP4); at 16 the planes won (64 tokens: 224
-# vs 302 us at TP1, 67 vs 92 us at TP4). docs/moe-down.md, runs 1 and 3.
+# vs 302 us at TP1, 67 vs 92 us at TP4; docs/moe-down.md).
 WIDE_MIN_M = 32
 DOT_K = 16 * PACK  # a dot's K is the block's word rows: 16 of them at least
 # Budget of the elementwise path's tiles by fp32_tile_regs; ptxas used ~1.5x this estimate in
@@ -287,14 +287,14 @@ def prepare(cfg: Config, qweight, scales, group: int, batch, out: torch.Tensor):
 
     sum_pdl = {"PDL": True, "launch_pdl": True} if cfg.pdl and not cfg.fused_reduce and not interpreted else {}
 
-    # A mixed tiling's two launches run at the same time (LAUNCH 1 and 2) where both have blocks: the singles
-    # fill the SMs the 2-pair blocks' last wave leaves idle (H200 run 42: TP1 tokens 16 73.1-73.3 vs 77.5-78.0 us
-    # one after the other).
+    # A mixed tiling's two launches run at the same time where both have blocks: the single pairs fill the SMs
+    # the 2-pair blocks' last wave leaves idle (faster than one after the other: docs/moe-down.md).
     concurrent = bool(cfg.singles and cfg.pdl and cfg.early and not interpreted and pair_ids.numel()
                       and singles[0].numel())
-    parts = [(pair_ids, block_expert, cfg, bm, 1 if concurrent else 0)]
+    alone = kernels.LAUNCH_ALONE.value
+    parts = [(pair_ids, block_expert, cfg, bm, kernels.LAUNCH_FIRST.value if concurrent else alone)]
     if cfg.singles:
-        parts.append((*singles, cfg.singles, 1, 2 if concurrent else 0))
+        parts.append((*singles, cfg.singles, 1, kernels.LAUNCH_SECOND.value if concurrent else alone))
     launches = [(ids, experts, triton.cdiv(n, c.block_n), options(c, m, launch))
                 for ids, experts, c, m, launch in parts]
     for (ids, experts, tiles, opts), (_, _, c, _, _) in zip(launches, parts, strict=True):

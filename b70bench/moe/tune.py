@@ -22,7 +22,7 @@ COLUMNS = ["tp", "tokens", "config", "programs", "time_us", "time_us_iqr", "gbps
 def configs(k: int, group: int, auto_bm: int, n: int = 3072, blocks: dict | None = None, sms: int = 132,
             pdl: bool = False) -> list:
     """Candidate tilings, the likeliest first (the sweep stops at its deadline). Decode shapes
-    start with the families the H200 sweeps found fastest (runs 6-17: one pair per block, narrow
+    start with the families the H200 sweeps found fastest (docs/moe-down.md: one pair per block, narrow
     tiles, deep K-blocks or prefetched 128-deep ones, packed dequant on paired nibbles, and with
     `pdl` (Hopper+) programmatic dependent launch), then a scored grid: about 2-8 programs per SM
     first, the in-kernel reduction before the second launch. `blocks` maps block_m to the number
@@ -39,25 +39,25 @@ def configs(k: int, group: int, auto_bm: int, n: int = 3072, blocks: dict | None
             for pf in (True, False):
                 seeds.append(Config(block_m=1, block_n=bn, block_k=bk, num_warps=warps, num_stages=1,
                                     packed=True, paired=True, prefetch=pf, pdl=pdl, early=pdl))
-        for bn, bk, warps in ((32, deep, 4), (64, 128, 2)):  # two rows of a group per 16-bit sum (runs 59, 62)
+        for bn, bk, warps in ((32, deep, 4), (64, 128, 2)):  # two rows of a group per 16-bit sum
             if bk >= group:
                 seeds.append(Config(block_m=1, block_n=bn, block_k=bk, num_warps=warps, num_stages=1, packed=True,
                                     paired=True, prefetch=True, pdl=pdl, early=pdl, two_rows=True))
-        if pdl and auto_bm == 1 and deep >= group:  # -2r capped at the grid's share of SM slots (runs 60-70)
+        if pdl and auto_bm == 1 and deep >= group:  # -2r capped at the grid's share of SM slots
             programs = (blocks or {}).get(1, 8) * -(-n // 32)
             for tiled in (True, False):
                 seeds.append(Config(block_m=1, block_n=32, block_k=deep, num_warps=4, num_stages=1, packed=True,
                                     paired=True, tiled=tiled, pdl=True, early=True, two_rows=True,
                                     per_sm=-(-programs // sms)))
-        if pdl:  # both 256-deep blocks of a short split before the wait, the first dequantized there (run 50)
+        if pdl:  # both 256-deep blocks of a short split before the wait, the first dequantized there
             seeds.append(Config(block_m=1, block_n=32, block_k=256, num_warps=2, num_stages=1, packed=True,
                                 paired=True, prefetch=True, pdl=True, early=True, dequant_early=True))
-    if auto_bm == 2:  # shared experts: mixed tilings (2-pair blocks of pairs of pairs + these singles; run 40)
+    if auto_bm == 2:  # shared experts: mixed tilings (2-pair blocks of pairs of pairs + these odd pairs)
         one = Config(block_m=1, block_n=64, block_k=128, num_warps=2, num_stages=1, packed=True, paired=True,
                      prefetch=True, pdl=pdl, early=pdl)
         for bn, bk in ((64, 128), (32, 256)):
             seeds.append(replace(one, block_m=2, block_n=bn, block_k=bk, prefetch=False, singles=one))
-        if group <= 128:  # both launches with -2r (run 59)
+        if group <= 128:  # both launches with -2r
             two = replace(one, two_rows=True)
             seeds.insert(len(seeds) - 2, replace(two, block_m=2, prefetch=False, singles=two))
     cands = []

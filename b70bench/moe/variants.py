@@ -204,30 +204,29 @@ class TritonVariant:
             return replace(cfg, **self.overrides)
         if not dot:
             # Decode: bound by the bytes each SM has in flight (ncu: < 1 wave, 12-37% of DRAM throughput)
-            # and by the launch and top-k sum around the kernel. H200 sweeps (docs/moe-down.md,
-            # runs 6-31): one token takes K-blocks of up to 512 per load, 32-wide tiles of 4 warps, or
+            # and by the launch and top-k sum around the kernel. H200 sweeps (docs/moe-down.md): one token
+            # takes K-blocks of up to 512 per load, 32-wide tiles of 4 warps, or
             # where K needs several such blocks (TP1) 16-wide tiles of 2 warps without the prefetch;
             # 2-4 tokens over several blocks the same 32x512x4 tiles; more tokens (or a short K) 64-wide
             # tiles of 2 warps looping over 128-deep blocks (mixed with 2-pair blocks, below). All but the
             # 16-wide tiles and the 2-pair blocks hold the next block's words in registers (pf); all use
             # the packed dequant on paired nibbles and, on Hopper+, programmatic dependent launch (pdl: the
-            # sum kernel under the main kernel; early: the main kernel under the previous one). Run 63:
-            # TP1 tokens 1/4/16 8.44/23.22/63.60 us, TP4 3.65/9.09/26.64 us.
+            # sum kernel under the main kernel; early: the main kernel under the previous one).
             packed = batch.x.dtype in (torch.float16, torch.bfloat16)
             prefetch = True
             pdl = launch.pdl_reason(batch.x.device) is None
             if batch.tokens == 1 and k <= 512 and pdl and packed:
                 # The split's K in two 256-deep blocks, both requested before the wait and the first also
-                # dequantized there (-dq): after the wait little more than the products is left. Runs 50-51:
-                # TP4 tokens 1 3.73-3.86 us vs 4.35-4.49 for 32x512x4 -pf in the same runs; no gain at TP1
-                # (more K than the registers hold before the wait) nor at 4-16 tokens.
+                # dequantized there (-dq): after the wait little more than the products is left. Faster than
+                # 32x512x4 -pf at TP4; no gain at TP1 (more K than the registers hold before the wait) nor at
+                # 4-16 tokens.
                 cfg = Config(block_m=1, block_n=32, block_k=256, num_warps=2, num_stages=1, packed=True,
                              paired=True, prefetch=True, pdl=True, early=True, dequant_early=True)
                 return replace(cfg, **self.overrides)
             if batch.tokens == 1 and k > 512 and pdl and packed and group <= 512:
                 # 32-wide 4-warp tiles with -2r use 64 registers, leaving more SM slots than the grid needs;
                 # capped at the grid's share (-oN) and on N-tile-major weights (-tiled) they beat the 16-wide
-                # tiles: runs 69-70, TP1 7.56-7.75 vs 8.44-8.55 us (uncapped 9.0; capped, not tiled, 8.32-8.46).
+                # tiles (uncapped they are slower; capped but not tiled, about even).
                 programs = batch.experts_hit * -(-n // 32)
                 cfg = Config(block_m=1, block_n=32, block_k=512, num_warps=4, num_stages=1, packed=True,
                              paired=True, tiled=n % 32 == 0, pdl=True, early=True, two_rows=True,
@@ -240,8 +239,8 @@ class TritonVariant:
             else:
                 bn, bk, warps = 64, 128, 2
             # -2r (two word rows of a scale group per 16-bit sum, ~12% fewer instructions per word) where the
-            # products bound the time: runs 59 and 62, TP1 tokens 2/4 13.1/22.9 vs 14.1/25.2 us. Not for one token
-            # (fewer registers, more programs per SM: 9.5 vs 8.4 us) nor TP4 tokens 4 (9.6 vs 9.0).
+            # products bound the time: TP1 2-4 tokens. Not for one token (fewer registers, more programs per SM)
+            # nor TP4 at 4 tokens.
             two_rows = packed and bk >= group and batch.tokens > 1 and k > 512
             cfg = Config(block_m=1, block_n=bn, block_k=bk, num_warps=warps, num_stages=1,
                          fused_reduce=False, packed=packed, paired=packed, prefetch=prefetch, pdl=pdl,
@@ -250,9 +249,7 @@ class TritonVariant:
                 # Where experts are shared (16 tokens: 128 pairs on ~74 experts) the products bound the
                 # time, not the bytes: an expert's pairs of pairs share one dequantization in 2-pair blocks,
                 # the odd pairs keep this tiling in a second launch running at the same time (with PDL).
-                # Run 42: TP1 tokens 16 73.1-73.3 vs 83.9-84.3 us, TP4 23.2-23.3 vs 25.0-25.2 us; at 4 tokens
-                # (few shared experts) mixing was slower (run 40).
-                # Both launches -2r: run 59, TP1 tokens 16 64.5 vs 72.2 us, TP4 21.3 vs 23.1.
+                # At 4 tokens (few shared experts) mixing was slower. Both launches take -2r.
                 one = replace(cfg, two_rows=packed and bk >= group)
                 cfg = replace(one, block_m=2, prefetch=False, singles=one)
             return replace(cfg, **self.overrides)
