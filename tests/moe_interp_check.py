@@ -48,7 +48,7 @@ cases = [
                   pdl=True, early=True)),
     # mixed: 2-pair blocks of one expert's pairs of pairs, then the single pairs in a second launch
     ("bf16", 9, C(block_m=2, block_n=32, block_k=512, packed=True, paired=True, pdl=True, early=True,
-                  singles=C(block_m=1, block_n=64, block_k=128, packed=True, paired=True, prefetch=True, pdl=True,
+                  odd_pairs=C(block_m=1, block_n=64, block_k=128, packed=True, paired=True, prefetch=True, pdl=True,
                             early=True))),
     # -dq: the first K-block dequantized before the wait, later ones as usual (with and without prefetch)
     ("bf16", 3, C(block_m=2, block_n=32, block_k=64, packed=True, paired=True, prefetch=True, pdl=True, early=True,

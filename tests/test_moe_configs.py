@@ -23,17 +23,18 @@ OLD = re.compile(r"m(\d+)n(\d+)k(\d+)s(\d+)w(\d+)st(\d+)(sum|fused)(-packed)?(-p
 
 def old_parse(label: str) -> Config:
     if "+" in label:
-        pairs, singles = label.split("+")
-        return Config(**{**asdict(old_parse(pairs)), "singles": old_parse(singles)})
+        pairs, odd_pairs = label.split("+")
+        return Config(**{**asdict(old_parse(pairs)), "odd_pairs": old_parse(odd_pairs)})
     g = OLD.match(label).groups()
     return Config(*map(int, g[:6]), fused_reduce=g[6] == "fused", packed=bool(g[7]), paired=bool(g[8]),
-                  tiled=bool(g[9]), maxnreg=int(g[10] or 0), per_sm=int(g[11] or 0), prefetch=bool(g[12]),
-                  pdl=bool(g[13]), early=bool(g[14]), dequant_early=bool(g[15]), two_rows=bool(g[16]))
+                  tiled=bool(g[9]), maxnreg=int(g[10] or 0), programs_per_sm=int(g[11] or 0),
+                  prefetch=bool(g[12]), pdl=bool(g[13]), early=bool(g[14]), dequant_early=bool(g[15]),
+                  two_rows=bool(g[16]))
 
 
 def test_one_table_names_every_field_once():
     names = [name for name, _ in configs.LABEL_TOKENS]
-    assert sorted(names) == sorted(f.name for f in fields(Config) if f.name != "singles")
+    assert sorted(names) == sorted(f.name for f in fields(Config) if f.name != "odd_pairs")
     assert configs.flag_order() == "-packed -paired -tiled -rN -oN -pf -pdl -early -dq -2r"
 
 
@@ -54,12 +55,12 @@ def test_what_is_not_a_label_is_refused(label):
 def test_tilings_take_field_names_or_the_sweeps_json():
     label = LABELS[-1]
     cfg = configs.parse_label(label)
-    one = cfg.singles
+    one = cfg.odd_pairs
     pairs = ("block_m=1,block_n=64,block_k=128,num_warps=2,num_stages=1,packed=true,paired=1,prefetch=True,"
              "two_rows=yes")
     assert tune.parse_tiling(pairs) == one
     assert tune.parse_tiling(f"block_m=2, block_n=64, num_warps=2, num_stages=1, packed=1, paired=1, two_rows=1, "
-                             f"singles={one.label()}") == cfg
+                             f"odd_pairs={one.label()}") == cfg
     assert tune.parse_tiling(json.dumps(asdict(cfg))) == cfg  # what a sweep row stores as its `tiling`
     assert tune.parse_tiling(json.dumps({"block_m": 1, "block_n": 32, "pdl": True})) == Config(1, 32, pdl=True)
     assert tune.parse_tiling(label) == cfg
@@ -97,5 +98,15 @@ def test_tuned_file_gives_back_a_mixed_tiling(tmp_path):
     path = tmp_path / "tune.json"
     path.write_text(json.dumps({"records": rows}))
     tuned = tune.load_tuned(path)
-    assert tuned[(1536, 3072, 16)] == cfg and tuned[(1536, 3072, 16)].singles.label() == LABELS[-1].split("+")[1]
+    assert tuned[(1536, 3072, 16)] == cfg
+    assert tuned[(1536, 3072, 16)].odd_pairs.label() == LABELS[-1].split("+")[1]
     assert tuned[(384, 3072, 1)] == configs.parse_label(rows[1]["config"])
+
+
+def test_sweep_files_with_the_former_field_names_still_load():
+    """Before the renames a stored tiling said `singles` and `per_sm`; they read as odd_pairs, programs_per_sm."""
+    old = {**asdict(Config(block_m=2, block_n=64)), "singles": {"block_m": 1, "per_sm": 6}}
+    del old["odd_pairs"]
+    cfg = configs.from_fields(old)
+    assert cfg.odd_pairs == Config(block_m=1, programs_per_sm=6)
+    assert tune.parse_tiling("block_m=1,per_sm=6") == Config(block_m=1, programs_per_sm=6)

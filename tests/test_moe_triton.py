@@ -139,10 +139,10 @@ def test_mixed_tiling_is_a_two_pair_and_a_one_pair_tiling_that_agree():
     out = torch.empty((3, 64), dtype=torch.bfloat16)
     one = kernels.Config(block_m=1, block_n=32, block_k=128)
     with pytest.raises(ValueError, match="not block_m 1 [+] 1"):
-        kernels.prepare(kernels.Config(block_m=1, block_n=32, block_k=256, singles=one), w.qweight, w.scales,
+        kernels.prepare(kernels.Config(block_m=1, block_n=32, block_k=256, odd_pairs=one), w.qweight, w.scales,
                         w.group, batch, out)
     with pytest.raises(ValueError, match="must agree on split-K"):
-        kernels.prepare(kernels.Config(block_m=2, block_n=32, block_k=256, packed=True, singles=one), w.qweight,
+        kernels.prepare(kernels.Config(block_m=2, block_n=32, block_k=256, packed=True, odd_pairs=one), w.qweight,
                         w.scales, w.group, batch, out)
 
 

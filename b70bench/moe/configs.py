@@ -13,9 +13,9 @@ registers), and on Hopper+ programmatic dependent launch: `pdl` (the sum kernel 
 kernel, letting what follows launch before it waits), `early` (the main kernel launched under the previous
 one, its weights streamed before it waits), and `dequant_early` (-dq: the first K-block also dequantized before
 that wait, only its products after it), and `two_rows` (-2r: two word rows of one scale group share each 16x2
-sum, halves-sum, scale and accumulation), and `per_sm` (-oN: a shared-memory pad so that at most N programs
-share an SM). A mixed tiling (`singles`) puts only an expert's pairs of pairs in 2-pair blocks and the odd pairs
-in a second launch with a 1-pair tiling, the two running at the same time. What each bought on the H200:
+sum, halves-sum, scale and accumulation), and `programs_per_sm` (-oN: a shared-memory pad so that at most N
+programs share an SM). A mixed tiling (`odd_pairs`) puts only an expert's pairs of pairs in 2-pair blocks and
+the odd pairs in a second launch with a 1-pair tiling, the two running at the same time. What each bought on the H200:
 docs/moe-down.md.
 """
 
@@ -43,7 +43,7 @@ class Config:
     # (-oN, residency_pad). Where the registers leave more slots than a one-wave grid needs, the next call's
     # programs (launched early under PDL) fill them unevenly as this call's leave (docs/moe-down.md).
     # The cap takes the L1 cache's share of the SM's memory, which 16-wide 2-warp tiles need.
-    per_sm: int = 0
+    programs_per_sm: int = 0
     paired: bool = False  # packed decode: nibbles reordered (pair_nibbles) so x pairs are single 32-bit loads
     prefetch: bool = False  # decode blocks: the next K-block's words loaded before this block's products
     # Decode blocks, CUDA sm_90+ (programmatic dependent launch; the interpreter runs the kernels without it):
@@ -58,11 +58,11 @@ class Config:
     # A mixed tiling (block_m 2 decode): only an expert's pairs of pairs form 2-pair blocks; the odd pairs go
     # to a second launch with this 1-pair tiling, so no block carries a padded pair's products (mixed_blocks).
     # Label: the two labels joined by "+".
-    singles: Config | None = None
+    odd_pairs: Config | None = None
 
     def label(self) -> str:
         own = "".join(_write(self, name, token) for name, token in LABEL_TOKENS)
-        return own + (f"{MIXED}{self.singles.label()}" if self.singles else "")
+        return own + (f"{MIXED}{self.odd_pairs.label()}" if self.odd_pairs else "")
 
 
 # (Config field, its token), in label order. A token without a leading "-" is always written: an int as the
@@ -71,11 +71,13 @@ class Config:
 LABEL_TOKENS = (
     ("block_m", "m"), ("block_n", "n"), ("block_k", "k"), ("split_k", "s"), ("num_warps", "w"),
     ("num_stages", "st"), ("fused_reduce", ("sum", "fused")),
-    ("packed", "-packed"), ("paired", "-paired"), ("tiled", "-tiled"), ("maxnreg", "-r"), ("per_sm", "-o"),
-    ("prefetch", "-pf"), ("pdl", "-pdl"), ("early", "-early"), ("dequant_early", "-dq"), ("two_rows", "-2r"),
+    ("packed", "-packed"), ("paired", "-paired"), ("tiled", "-tiled"), ("maxnreg", "-r"),
+    ("programs_per_sm", "-o"), ("prefetch", "-pf"), ("pdl", "-pdl"), ("early", "-early"),
+    ("dequant_early", "-dq"), ("two_rows", "-2r"),
 )
 MIXED = "+"  # joins a mixed tiling's 2-pair and 1-pair labels
 FIELDS = tuple(f.name for f in fields(Config))
+FORMER_NAMES = {"singles": "odd_pairs", "per_sm": "programs_per_sm"}  # as sweep files written before carry them
 _DEFAULT = Config()
 _NUMBER = re.compile(r"\d+")
 
@@ -105,8 +107,8 @@ def parse_label(label: str) -> Config:
     """Config from its label, e.g. m1n64k128s4w4st3sum (older sweep files carry only this); a mixed
     tiling is its 2-pair and 1-pair labels joined by "+"."""
     if label.count(MIXED) == 1:
-        pairs, singles = label.split(MIXED)
-        return replace(parse_label(pairs), singles=parse_label(singles))
+        pairs, odd_pairs = label.split(MIXED)
+        return replace(parse_label(pairs), odd_pairs=parse_label(odd_pairs))
     values, pos = {}, 0
     for name, token in LABEL_TOKENS:
         if isinstance(token, tuple):
@@ -139,10 +141,11 @@ def parse_label(label: str) -> Config:
 
 def from_fields(values: dict) -> Config:
     """Config from field names and values: the JSON object a sweep stores for a tiling (its `tiling`), or
-    parse_fields' pairs. Values may be text ("1", "true"); `singles` a nested object or a label. Fields left
-    out keep their defaults."""
+    parse_fields' pairs. Values may be text ("1", "true"); `odd_pairs` a nested object or a label. Fields left
+    out keep their defaults; FORMER_NAMES are read as the fields they became."""
     if not isinstance(values, dict):
         raise ValueError(f"a tiling by field names is an object of them, not {type(values).__name__}")
+    values = {FORMER_NAMES.get(k, k): v for k, v in values.items()}
     unknown = [k for k in values if k not in FIELDS]
     if unknown:
         raise ValueError(f"unknown tiling key(s) {', '.join(map(str, unknown))}; the keys are {', '.join(FIELDS)}")
@@ -164,14 +167,14 @@ _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
 
 def _value(name: str, value):
-    if name == "singles":
+    if name == "odd_pairs":
         if value is None or isinstance(value, Config):
             return value
         if isinstance(value, dict):
             return from_fields(value)
         if isinstance(value, str):
             return None if value.lower() in ("", "none", "null") else parse_label(value)
-        raise ValueError(f"tiling key singles: {value!r} is not a tiling (an object or a label)")
+        raise ValueError(f"tiling key odd_pairs: {value!r} is not a tiling (an object or a label)")
     if _is_bool(name):
         if isinstance(value, bool) or value in (0, 1):
             return bool(value)

@@ -115,9 +115,9 @@ def mixed_blocks(ids_cpu: torch.Tensor) -> tuple[tuple[torch.Tensor, torch.Tenso
 
 def check_mixed(cfg: Config, block_m: int, k: int, group: int) -> None:
     """A mixed tiling's two launches share the weights' layout, the partials and the sum kernel's launch."""
-    one = cfg.singles
+    one = cfg.odd_pairs
     check_config(one, k, group)
-    if block_m != 2 or one.block_m != 1 or one.singles is not None:
+    if block_m != 2 or one.block_m != 1 or one.odd_pairs is not None:
         raise ValueError(f"a mixed tiling is a 2-pair tiling + a 1-pair tiling (m2...+m1...), not "
                          f"block_m {block_m} + {one.block_m}")
     same = ("split_k", "packed", "paired", "pdl", "early")
@@ -221,10 +221,10 @@ def prepare(cfg: Config, qweight, scales, group: int, batch, out: torch.Tensor):
     bm = cfg.block_m or auto_block_m(batch.ids_cpu)
     check_config(cfg, k, group)
     dev = batch.x.device
-    if cfg.singles is not None:
+    if cfg.odd_pairs is not None:
         check_mixed(cfg, bm, k, group)
-        (pair_ids, block_expert), singles = mixed_blocks(batch.ids_cpu)
-        singles = tuple(v.to(dev) for v in singles)
+        (pair_ids, block_expert), odd_pairs = mixed_blocks(batch.ids_cpu)
+        odd_pairs = tuple(v.to(dev) for v in odd_pairs)
     else:
         pair_ids, block_expert = group_pairs(batch.ids_cpu, bm)
     pair_ids, block_expert = pair_ids.to(dev), block_expert.to(dev)
@@ -240,7 +240,7 @@ def prepare(cfg: Config, qweight, scales, group: int, batch, out: torch.Tensor):
     else:
         raise ValueError(f"block_m {bm}: 1 or 2 pairs per block, or 16+ with a {DOT_K}-deep K-block in one group")
     if (cfg.tiled or cfg.packed or cfg.paired or cfg.prefetch or cfg.pdl or cfg.early or cfg.dequant_early
-            or cfg.two_rows or cfg.per_sm) \
+            or cfg.two_rows or cfg.programs_per_sm) \
             and kernel is not kernels._moe_down_vec:
         raise ValueError(f"block_m {bm}: the packed, paired, tiled, -o, pf, pdl, early, dq and 2r options are for "
                          "decode blocks (1-2 pairs) only")
@@ -256,10 +256,10 @@ def prepare(cfg: Config, qweight, scales, group: int, batch, out: torch.Tensor):
                     num_stages=c.num_stages)
         if c.maxnreg and not interpreted:
             opts["maxnreg"] = c.maxnreg
-        if c.per_sm and not interpreted:
+        if c.programs_per_sm and not interpreted:
             # ptxas sizes its registers by the residency the shared memory leaves (95 instead of 64 for
             # m1n16k512w2-2r at -o12: 10 programs per SM, not 12): keep it to what N programs can hold.
-            fit = REGISTERS_PER_SM // (c.per_sm * c.num_warps * 32) // 8 * 8
+            fit = REGISTERS_PER_SM // (c.programs_per_sm * c.num_warps * 32) // 8 * 8
             opts["maxnreg"] = min(c.maxnreg or fit, fit)
         if kernel is kernels._moe_down_vec:
             opts.update(STAGES=c.num_stages, PACKED=c.packed, HALF=x.dtype == torch.float16, TILED=c.tiled,
@@ -272,7 +272,7 @@ def prepare(cfg: Config, qweight, scales, group: int, batch, out: torch.Tensor):
     if kernel is kernels._moe_down_vec:
         if cfg.paired and not cfg.packed:
             raise ValueError("paired nibbles serve the packed path: add -packed")
-        for c in (cfg, cfg.singles or cfg):
+        for c in (cfg, cfg.odd_pairs or cfg):
             if c.dequant_early and not c.paired:
                 raise ValueError("-dq dequantizes paired packed words: add -packed-paired")
             if c.two_rows and (not c.paired or c.dequant_early or c.block_k < group):
@@ -289,20 +289,20 @@ def prepare(cfg: Config, qweight, scales, group: int, batch, out: torch.Tensor):
 
     # A mixed tiling's two launches run at the same time where both have blocks: the single pairs fill the SMs
     # the 2-pair blocks' last wave leaves idle (faster than one after the other: docs/moe-down.md).
-    concurrent = bool(cfg.singles and cfg.pdl and cfg.early and not interpreted and pair_ids.numel()
-                      and singles[0].numel())
+    concurrent = bool(cfg.odd_pairs and cfg.pdl and cfg.early and not interpreted and pair_ids.numel()
+                      and odd_pairs[0].numel())
     alone = kernels.LAUNCH_ALONE.value
     parts = [(pair_ids, block_expert, cfg, bm, kernels.LAUNCH_FIRST.value if concurrent else alone)]
-    if cfg.singles:
-        parts.append((*singles, cfg.singles, 1, kernels.LAUNCH_SECOND.value if concurrent else alone))
+    if cfg.odd_pairs:
+        parts.append((*odd_pairs, cfg.odd_pairs, 1, kernels.LAUNCH_SECOND.value if concurrent else alone))
     launches = [(ids, experts, triton.cdiv(n, c.block_n), options(c, m, launch))
                 for ids, experts, c, m, launch in parts]
     for (ids, experts, tiles, opts), (_, _, c, _, _) in zip(launches, parts, strict=True):
-        if c.per_sm and not interpreted and experts.numel():
+        if c.programs_per_sm and not interpreted and experts.numel():
             # The pad depends on the shared memory Triton's own code takes: compile once without it.
             own = kernel.warmup(x, qweight, scales, ids, experts, rw, part, out, cnt, p, n, k, tiles,
                                 grid=(1,), **opts).metadata.shared
-            pad = residency_pad(dev, c.per_sm, own)
+            pad = residency_pad(dev, c.programs_per_sm, own)
             opts.update(PAD=pad, PAD_ASM=ptx.pad(pad))
 
     def run():

@@ -48,7 +48,7 @@ def configs(k: int, group: int, auto_bm: int, n: int = 3072, blocks: dict | None
             for tiled in (True, False):
                 seeds.append(Config(block_m=1, block_n=32, block_k=deep, num_warps=4, num_stages=1, packed=True,
                                     paired=True, tiled=tiled, pdl=True, early=True, two_rows=True,
-                                    per_sm=-(-programs // sms)))
+                                    programs_per_sm=-(-programs // sms)))
         if pdl:  # both 256-deep blocks of a short split before the wait, the first dequantized there
             seeds.append(Config(block_m=1, block_n=32, block_k=256, num_warps=2, num_stages=1, packed=True,
                                 paired=True, prefetch=True, pdl=True, early=True, dequant_early=True))
@@ -56,10 +56,10 @@ def configs(k: int, group: int, auto_bm: int, n: int = 3072, blocks: dict | None
         one = Config(block_m=1, block_n=64, block_k=128, num_warps=2, num_stages=1, packed=True, paired=True,
                      prefetch=True, pdl=pdl, early=pdl)
         for bn, bk in ((64, 128), (32, 256)):
-            seeds.append(replace(one, block_m=2, block_n=bn, block_k=bk, prefetch=False, singles=one))
+            seeds.append(replace(one, block_m=2, block_n=bn, block_k=bk, prefetch=False, odd_pairs=one))
         if group <= 128:  # both launches with -2r
             two = replace(one, two_rows=True)
-            seeds.insert(len(seeds) - 2, replace(two, block_m=2, prefetch=False, singles=two))
+            seeds.insert(len(seeds) - 2, replace(two, block_m=2, prefetch=False, odd_pairs=two))
     cands = []
     for bm, bn, warps, split, fused, packed, stages in itertools.product(
             bms, (128, 64, 256), (4, 8), (1, 2, 3, 4, 6, 8), (True, False), (True, False), (3, 1, 4)):

@@ -230,7 +230,7 @@ class TritonVariant:
                 programs = batch.experts_hit * -(-n // 32)
                 cfg = Config(block_m=1, block_n=32, block_k=512, num_warps=4, num_stages=1, packed=True,
                              paired=True, tiled=n % 32 == 0, pdl=True, early=True, two_rows=True,
-                             per_sm=-(-programs // sm_count(batch.x.device)))
+                             programs_per_sm=-(-programs // sm_count(batch.x.device)))
                 return replace(cfg, **self.overrides)
             if batch.tokens == 1 and k > 512:
                 bn, bk, warps, prefetch = 16, 512, 2, False
@@ -251,7 +251,7 @@ class TritonVariant:
                 # the odd pairs keep this tiling in a second launch running at the same time (with PDL).
                 # At 4 tokens (few shared experts) mixing was slower. Both launches take -2r.
                 one = replace(cfg, two_rows=packed and bk >= group)
-                cfg = replace(one, block_m=2, prefetch=False, singles=one)
+                cfg = replace(one, block_m=2, prefetch=False, odd_pairs=one)
             return replace(cfg, **self.overrides)
         bn = 32
         n_blocks = sum(-(-c // bm) for c in torch.bincount(batch.ids_cpu.flatten()).tolist() if c)
