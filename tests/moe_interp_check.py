@@ -9,11 +9,11 @@ os.environ["TRITON_INTERPRET"] = "1"
 import torch  # noqa: E402
 
 from b70bench import device  # noqa: E402
-from b70bench.moe import kernels, shapes, suite, variants  # noqa: E402
+from b70bench.moe import shapes, suite, variants  # noqa: E402
+from b70bench.moe.configs import Config as C  # noqa: E402
 
 shape = shapes.MoeShape(hidden=64, intermediate=256, experts=8, topk=2)
 dev = device.Device("cpu")
-C = kernels.Config
 # (dtype, tokens, tiling): the elementwise (decode) kernel with 1 and 2 pairs per block, K-blocks
 # within and across scale groups, tl.dot per nibble plane (16) and over the K-block (32+), split-K,
 # both reductions. tl.dot cases use fp16:
@@ -48,7 +48,7 @@ cases = [
                   pdl=True, early=True)),
     # mixed: 2-pair blocks of one expert's pairs of pairs, then the single pairs in a second launch
     ("bf16", 9, C(block_m=2, block_n=32, block_k=512, packed=True, paired=True, pdl=True, early=True,
-                  singles=C(block_m=1, block_n=64, block_k=128, packed=True, paired=True, prefetch=True, pdl=True,
+                  odd_pairs=C(block_m=1, block_n=64, block_k=128, packed=True, paired=True, prefetch=True, pdl=True,
                             early=True))),
     # -dq: the first K-block dequantized before the wait, later ones as usual (with and without prefetch)
     ("bf16", 3, C(block_m=2, block_n=32, block_k=64, packed=True, paired=True, prefetch=True, pdl=True, early=True,

@@ -141,7 +141,7 @@ def test_groups_smaller_than_a_dot_block_take_two_pair_blocks():
     """auto_block_m asks for tensor-core dots at 16+ pairs per expert; a 64-wide scale group cannot hold the
     128-deep K-block a dot needs, so both Triton variants fall back to the 2-pair decode blocks (H200, 2026-12-01:
     `--group 64` had ended the whole run with 'block_m 16: ... K-block in one group')."""
-    from b70bench.moe import kernels
+    from b70bench.moe import launch as kernels
 
     shape = shapes.MoeShape(hidden=64, intermediate=256, experts=8, topk=2, group=64)
     batch = shapes.random_batch(shape, 256, 40, torch.bfloat16, torch.device("cpu"), 0)

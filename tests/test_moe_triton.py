@@ -28,7 +28,7 @@ def test_tile_weights_is_n_tile_major_made_once_and_dropped_with_its_tensor():
 
     import torch
 
-    from b70bench.moe import kernels
+    from b70bench.moe import launch as kernels
 
     w = torch.arange(2 * 3 * 8, dtype=torch.int32).reshape(2, 3, 8)
     twin = w.clone()  # equal values, another tensor: its own tiled copy (never compared with ==)
@@ -58,7 +58,7 @@ def test_sweep_records_a_failing_tiling_and_goes_on(monkeypatch):
         return {"ok": True, "rel_err": 0.0}
 
     monkeypatch.setattr(suite, "check", fake_check)
-    monkeypatch.setattr(suite, "_time", lambda *a, **k: {"time_us": 1.0})
+    monkeypatch.setattr(suite, "time_variant", lambda *a, **k: {"time_us": 1.0})
     monkeypatch.setattr(tune.varmod, "triton_reason", lambda dev: None)
     monkeypatch.setattr(tune.bandwidth, "anchor_gbps", lambda dev: 1.0)
     shape = shapes.MoeShape(hidden=64, intermediate=256, experts=8, topk=2)
@@ -95,7 +95,8 @@ def test_programmatic_dependent_launch_is_asked_for_only_where_it_exists(monkeyp
     explicit tiling asking for them on another device is refused with the reason (a sweep row)."""
     import torch
 
-    from b70bench.moe import kernels, shapes, variants
+    from b70bench.moe import launch as kernels
+    from b70bench.moe import shapes, variants
 
     assert "CUDA" in kernels.pdl_reason(torch.device("cpu"))
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: (8, 0))
@@ -115,7 +116,7 @@ def test_programmatic_dependent_launch_is_asked_for_only_where_it_exists(monkeyp
 def test_mixed_blocks_pair_an_experts_pairs_and_leave_the_odd_one_single():
     import torch
 
-    from b70bench.moe import kernels
+    from b70bench.moe import launch as kernels
 
     ids = torch.tensor([[3, 5], [3, 1], [3, 5], [7, 1]])  # expert 3: pairs 0, 2, 4; 5: 1, 5; 1: 3, 7; 7: 6
     (two, two_e), (one, one_e) = kernels.mixed_blocks(ids)
@@ -129,7 +130,8 @@ def test_mixed_blocks_pair_an_experts_pairs_and_leave_the_odd_one_single():
 def test_mixed_tiling_is_a_two_pair_and_a_one_pair_tiling_that_agree():
     import torch
 
-    from b70bench.moe import kernels, shapes
+    from b70bench.moe import launch as kernels
+    from b70bench.moe import shapes
 
     shape = shapes.MoeShape(hidden=64, intermediate=256, experts=8, topk=2)
     w = shapes.random_weights(shape, 256, torch.bfloat16, torch.device("cpu"), 0)
@@ -137,10 +139,10 @@ def test_mixed_tiling_is_a_two_pair_and_a_one_pair_tiling_that_agree():
     out = torch.empty((3, 64), dtype=torch.bfloat16)
     one = kernels.Config(block_m=1, block_n=32, block_k=128)
     with pytest.raises(ValueError, match="not block_m 1 [+] 1"):
-        kernels.prepare(kernels.Config(block_m=1, block_n=32, block_k=256, singles=one), w.qweight, w.scales,
+        kernels.prepare(kernels.Config(block_m=1, block_n=32, block_k=256, odd_pairs=one), w.qweight, w.scales,
                         w.group, batch, out)
     with pytest.raises(ValueError, match="must agree on split-K"):
-        kernels.prepare(kernels.Config(block_m=2, block_n=32, block_k=256, packed=True, singles=one), w.qweight,
+        kernels.prepare(kernels.Config(block_m=2, block_n=32, block_k=256, packed=True, odd_pairs=one), w.qweight,
                         w.scales, w.group, batch, out)
 
 
@@ -178,10 +180,11 @@ def test_htile_decode_policy_with_programmatic_dependent_launch(monkeypatch, k, 
     """On Hopper+ (pdl_reason None) one token with a short split dequantizes its first block before the wait."""
     import torch
 
-    from b70bench.moe import kernels, shapes, variants
+    from b70bench.moe import launch as kernels
+    from b70bench.moe import shapes, variants
 
     monkeypatch.setattr(kernels, "pdl_reason", lambda device: None)
-    monkeypatch.setattr(variants, "_sm_count", lambda device: 132)
+    monkeypatch.setattr(variants, "sm_count", lambda device: 132)
     shape = shapes.MoeShape(hidden=3072, intermediate=k, experts=256, topk=8)
     batch = shapes.random_batch(shape, k, tokens, torch.bfloat16, torch.device("cpu"), 0)
     assert variants.TritonVariant("triton-htile", htile=True).choose(k, 3072, batch, 128).label() == label
@@ -190,7 +193,8 @@ def test_htile_decode_policy_with_programmatic_dependent_launch(monkeypatch, k, 
 def test_dequantizing_before_the_wait_needs_paired_packed_words():
     import torch
 
-    from b70bench.moe import kernels, shapes
+    from b70bench.moe import launch as kernels
+    from b70bench.moe import shapes
 
     shape = shapes.MoeShape(hidden=64, intermediate=256, experts=8, topk=2)
     w = shapes.random_weights(shape, 256, torch.bfloat16, torch.device("cpu"), 0)
@@ -206,7 +210,7 @@ def test_residency_pad_fits_n_programs_per_sm_and_not_one_more(monkeypatch):
 
     import torch
 
-    from b70bench.moe import kernels
+    from b70bench.moe import launch as kernels
 
     sm = 233472  # an H200's shared memory per SM
     monkeypatch.setattr(torch.cuda, "get_device_properties",
@@ -227,7 +231,8 @@ def test_residency_pad_fits_n_programs_per_sm_and_not_one_more(monkeypatch):
 def test_row_pairs_need_paired_words_in_whole_groups():
     import torch
 
-    from b70bench.moe import kernels, shapes
+    from b70bench.moe import launch as kernels
+    from b70bench.moe import shapes
 
     shape = shapes.MoeShape(hidden=64, intermediate=256, experts=8, topk=2)
     w = shapes.random_weights(shape, 256, torch.bfloat16, torch.device("cpu"), 0)

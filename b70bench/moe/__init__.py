@@ -1,7 +1,9 @@
 """The u4 MoE down-projection suite (`b70bench moe-down`): variants, correctness, roofline.
 
 layout: the AutoRound/GPTQ packed weights; shapes: MiniMax M2.x dims, routing, inputs;
-variants: the registry (plug-ins by entry point); kernels: the Triton kernels; suite: measure().
+variants: the registry (plug-ins by entry point); suite: measure(); tune: the tiling sweep. The Triton
+variants: configs (a tiling, its label), launch (grouping, repacking, launching), kernels (the @triton.jit
+code), ptx (its inline PTX text).
 """
 
 from __future__ import annotations

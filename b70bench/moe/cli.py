@@ -5,7 +5,7 @@ from __future__ import annotations
 from b70bench import cli, records
 from b70bench import device as devmod
 from b70bench.fingerprint import fingerprint
-from b70bench.moe import shapes
+from b70bench.moe import configs, shapes
 
 COLUMNS = ["variant", "tp", "tokens", "experts_hit", "bytes", "time_us", "time_us_iqr", "gbps", "frac_copy",
            "max_diff", "mean_diff", "max_diff_ref", "mean_diff_ref", "ok", "work", "config", "skipped"]
@@ -62,11 +62,13 @@ def register(sub) -> None:
     p.add_argument("--tune", action="store_true", help="sweep Triton tilings instead (fastest first per shape)")
     p.add_argument("--tuned", metavar="FILE", help="triton-htile takes the fastest correct tiling per shape "
                                                    "from this sweep JSON (default: its heuristic)")
-    p.add_argument("--tilings", nargs="+", metavar="LABEL",
-                   help="with --tune: sweep only these tilings, e.g. m1n32k512s1w4st1sum-packed-paired-pf-pdl-early "
-                        "(as the sweep prints them; flags in the order -packed -paired -tiled -rN -oN -pf -pdl -early "
-                        "-dq -2r; block_m 0 = from the routing; m2...+m1...: a mixed tiling, 2-pair blocks of an "
-                        "expert's pairs of pairs, the odd pairs with the 1-pair tiling)")
+    p.add_argument("--tilings", nargs="+", metavar="TILING",
+                   help="with --tune: sweep only these tilings, each a label, e.g. "
+                        "m1n32k512s1w4st1sum-packed-paired-pf-pdl-early (as the sweep prints them; flags in the order "
+                        f"{configs.flag_order()}; m2...+m1...: a mixed tiling, 2-pair "
+                        "blocks of an expert's pairs of pairs, the odd pairs with the 1-pair tiling), or by field "
+                        "name: block_m=1,block_n=32,packed=1,... or the JSON object a sweep row stores as its "
+                        "`tiling`; block_m 0 = from the routing")
     p.add_argument("--tune-seconds", type=float, default=1e9, help="stop starting new tilings after this long")
     cli.add_json_arg(p)
     p.set_defaults(func=run)

@@ -1,5 +1,9 @@
 """Triton kernels for the u4 MoE down projection (imported only when a Triton variant runs).
 
+Only @triton.jit code and the constexpr globals it reads live here: the options they take are the fields
+of b70bench.moe.configs.Config, the host side (grouping pairs into blocks, repacking weights, launching) is
+b70bench.moe.launch, and the inline PTX text is built by b70bench.moe.ptx.
+
 Expert-major: pairs (token, expert slot) are sorted by expert and cut into blocks of
 BLOCK_M pairs of one expert; one program per (block, N-tile, K-split) streams that expert's
 packed weights once for all its pairs. Each program writes routing-weighted fp32 partials
@@ -13,18 +17,6 @@ loaded tile's own layout, each multiplied by the activations at the matching str
 columns. The register tile is used as loaded: no shared-memory round trip, no barrier
 between K-blocks. Decode (1-2 pairs per block) accumulates elementwise products into a
 [BLOCK_M, BLOCK_K/8, BLOCK_N] fp32 tile and reduces it over the word rows once, at the end.
-Decode options (Config): `packed` (16x2 dequant and products per word, _word_dot), `paired`
-(nibbles reordered once per weight set so each activation pair is one 32-bit load), `tiled`
-(weights N-tile-major), `maxnreg`, K-blocks deeper than the split (masked), `prefetch` (the next
-K-block's words in registers), and on Hopper+ programmatic dependent launch: `pdl` (the sum
-kernel launched under the main kernel, letting what follows launch before it waits), `early`
-(the main kernel launched under the previous one, its weights streamed before it waits), and `dequant_early`
-(-dq: the first K-block also dequantized before that wait, only its products after it), and `two_rows`
-(-2r: two word rows of one scale group share each 16x2 sum, halves-sum, scale and accumulation), and `per_sm`
-(-oN: a shared-memory pad so that at most N programs share an SM). A mixed
-tiling (`singles`) puts only an expert's pairs of pairs in 2-pair blocks and the odd pairs in a
-second launch with a 1-pair tiling, the two running at the same time (LAUNCH). What each bought on
-the H200: docs/moe-down.md.
 Blocks of 16 pairs take one tensor-core dot per nibble plane. Blocks of 32+ pairs (prefill)
 do interleave: one dot over the whole K-block, which at that size is cheaper than the eight
 K=16 plane dots it replaces (each goes through shared memory; 2-2.4x slower at 512 tokens).
@@ -32,14 +24,10 @@ K=16 plane dots it replaces (each goes through shared memory; 2-2.4x slower at 5
 
 from __future__ import annotations
 
-import os
-import weakref
-from dataclasses import dataclass
-
-import torch
 import triton
 import triton.language as tl
 
+from b70bench.moe import ptx
 from b70bench.moe.layout import PACK
 
 # Globals a @triton.jit function reads must be constexpr objects (the interpreter is laxer).
@@ -47,6 +35,11 @@ PACK_C = tl.constexpr(PACK)
 # fp32 2**23: OR-ing a nibble field (bits < 23) into its mantissa gives 2**23 + field exactly.
 MAGIC_BITS = tl.constexpr(0x4B000000)
 MAGIC = tl.constexpr(8388608.0)
+# _moe_down_vec's LAUNCH: the tiling's only launch, or (with PDL and EARLY) the first or the second of a mixed
+# tiling's two launches, which run at the same time.
+LAUNCH_ALONE = tl.constexpr(0)
+LAUNCH_FIRST = tl.constexpr(1)
+LAUNCH_SECOND = tl.constexpr(2)
 
 
 @triton.jit
@@ -103,72 +96,20 @@ def _x_pair(x_row, cols, ok, J: tl.constexpr):
     return lo | (hi << 16)
 
 
-# The packed 16x2 path's PTX, composed from three texts that the word dot, its two-word form (-2r) and its
-# split for -dq (the dequantization before the wait, the products after it) share. Per word: (nibble - 8) for
-# all eight nibbles in four 16x2 registers (LOP3 with the 16-bit type's 2**(mantissa bits) magic, one HFMA2;
-# register J holds nibbles J and J+4, the halves x pair J meets), the eight products summed in four HFMA2, then
-# the two halves added in fp32. About 2 instructions per nibble where the fp32 path (_plane) needs 3. Products
-# are exact in fp16 (8-bit x times a 4-bit integer); bf16 rounds them (2**-9). fp16's 10-bit mantissa holds
-# nibbles at bits 0-3 and 4-7 (the second scaled by 16, undone in its HFMA2), so it shifts once per word, bf16
-# three times.
-_PTX_CONSTS = {False: "mov.b32 one, 0x3F803F80; mov.b32 off, 0xC308C308;",
-               True: "mov.b32 one, 0x3C003C00; mov.b32 off, 0xE408E408; mov.b32 sixt, 0x2C002C00; "
-                     "mov.b32 off16, 0xD480D480;"}
-
-
-def _ptx_dequant(half: bool, src: str, out) -> str:
-    """The word in register `src` as (nibble - 8) in the four 16x2 registers `out`."""
-    o0, o1, o2, o3 = out
-    if half:
-        return (f"lop3.b32 {o0}, {src}, 0x000F000F, 0x64006400, 0xEA; "
-                f"lop3.b32 {o1}, {src}, 0x00F000F0, 0x64006400, 0xEA;\n"
-                f"shr.u32 t, {src}, 8;\n"
-                f"lop3.b32 {o2}, t, 0x000F000F, 0x64006400, 0xEA; lop3.b32 {o3}, t, 0x00F000F0, 0x64006400, 0xEA;\n"
-                f"fma.rn.f16x2 {o0}, {o0}, one, off; fma.rn.f16x2 {o1}, {o1}, sixt, off16;\n"
-                f"fma.rn.f16x2 {o2}, {o2}, one, off; fma.rn.f16x2 {o3}, {o3}, sixt, off16;\n")
-    return (f"lop3.b32 {o0}, {src}, 0x000F000F, 0x43004300, 0xEA;\n"
-            f"shr.u32 t, {src}, 4; lop3.b32 {o1}, t, 0x000F000F, 0x43004300, 0xEA;\n"
-            f"shr.u32 t, {src}, 8; lop3.b32 {o2}, t, 0x000F000F, 0x43004300, 0xEA;\n"
-            f"shr.u32 t, {src}, 12; lop3.b32 {o3}, t, 0x000F000F, 0x43004300, 0xEA;\n"
-            f"fma.rn.bf16x2 {o0}, {o0}, one, off; fma.rn.bf16x2 {o1}, {o1}, one, off;\n"
-            f"fma.rn.bf16x2 {o2}, {o2}, one, off; fma.rn.bf16x2 {o3}, {o3}, one, off;\n")
-
-
-def _ptx_products(half: bool, w, x, init: str) -> str:
-    """a = init + the four 16x2 products w[J] * x[J]."""
-    t = "f16x2" if half else "bf16x2"
-    i, j, k, m = (0, 2, 1, 3) if half else (0, 1, 2, 3)
-    return (f"fma.rn.{t} a, {w[i]}, {x[i]}, {init}; fma.rn.{t} a, {w[j]}, {x[j]}, a;\n"
-            f"fma.rn.{t} a, {w[k]}, {x[k]}, a; fma.rn.{t} a, {w[m]}, {x[m]}, a;\n")
-
-
-def _ptx_halves(half: bool) -> str:
-    """$0 = the fp32 sum of a's two halves."""
-    if half:
-        return "mov.b32 {lo, hi}, a; cvt.f32.f16 flo, lo; cvt.f32.f16 fhi, hi;\nadd.f32 $0, flo, fhi;\n"
-    return "shl.b32 t, a, 16; and.b32 a, a, 0xFFFF0000;\nadd.f32 $0, t, a;\n"
-
-
-def _ptx_word_dot(half: bool, words: int) -> str:
-    """$0 = sum over `words` words ($1..) of (nibble - 8) * x, the x pairs after the words, 4 per word."""
-    regs = (".reg .b32 t, w0, w1, w2, w3, a, one, off, sixt, off16, nz;\n.reg .f16 lo, hi; .reg .f32 flo, fhi;\n"
-            if half else ".reg .b32 t, w0, w1, w2, w3, a, one, off, nz;\n")
-    body = ""
-    for i in range(words):
-        x = [f"${1 + words + 4 * i + j}" for j in range(4)]
-        body += _ptx_dequant(half, f"${1 + i}", ("w0", "w1", "w2", "w3"))
-        body += _ptx_products(half, ("w0", "w1", "w2", "w3"), x, "nz" if i == 0 else "a")
-    nz = "\nmov.b32 nz, 0x80008000;\n" if half else " mov.b32 nz, 0x80008000;\n"
-    return "{\n" + regs + _PTX_CONSTS[half] + nz + body + _ptx_halves(half) + "}"
-
-
-_WORD_DOT_BF16 = tl.constexpr(_ptx_word_dot(False, 1))
-_WORD_DOT_FP16 = tl.constexpr(_ptx_word_dot(True, 1))
+_WORD_DOT_BF16 = tl.constexpr(ptx.word_dot(False, 1))
+_WORD_DOT_FP16 = tl.constexpr(ptx.word_dot(True, 1))
 # -2r: two words of one scale group (rows half a group apart) through the same 16x2 accumulator before the
 # one fp32 halves-sum: per two words one shl/and/add, one scale and one fp32 accumulation instead of two each
 # (20 -> 17.5 SASS instructions per word). The 16-bit sum runs over 8 products instead of 4.
-_WORD_DOT2_BF16 = tl.constexpr(_ptx_word_dot(False, 2))
-_WORD_DOT2_FP16 = tl.constexpr(_ptx_word_dot(True, 2))
+_WORD_DOT2_BF16 = tl.constexpr(ptx.word_dot(False, 2))
+_WORD_DOT2_FP16 = tl.constexpr(ptx.word_dot(True, 2))
+# Split of _WORD_DOT_* for -dq: the dequantization (four 16x2 registers of nibble - 8 per word, $0-$3 from the
+# word $4) runs before the wait, on weights only; the products ($0 from the registers $1-$4 and x pairs $5-$8)
+# after it, on the activations.
+_DEQUANT_BF16 = tl.constexpr(ptx.dequant_word(False))
+_DEQUANT_FP16 = tl.constexpr(ptx.dequant_word(True))
+_DQ_DOT_BF16 = tl.constexpr(ptx.dequantized_dot(False))
+_DQ_DOT_FP16 = tl.constexpr(ptx.dequantized_dot(True))
 
 
 @triton.jit
@@ -215,27 +156,12 @@ def _pair_term(q, xp, J: tl.constexpr, HALF: tl.constexpr):
     return lo + (((q >> (4 * J + 16)) & 15) - 8).to(tl.float32) * _unpair(xp, HALF, True)
 
 
-# Split of _WORD_DOT_* for -dq: the dequantization (four 16x2 registers of nibble - 8 per word, $0-$3 from the
-# word $4) runs before the wait, on weights only; the products ($0 from the registers $1-$4 and x pairs $5-$8)
-# after it, on the activations.
-_DEQUANT_BF16 = tl.constexpr("{\n.reg .b32 t, one, off;\n" + _PTX_CONSTS[False] + "\n"
-                             + _ptx_dequant(False, "$4", ("$0", "$1", "$2", "$3")) + "}")
-_DEQUANT_FP16 = tl.constexpr("{\n.reg .b32 t, one, off, sixt, off16;\n" + _PTX_CONSTS[True] + "\n"
-                             + _ptx_dequant(True, "$4", ("$0", "$1", "$2", "$3")) + "}")
-_DQ_DOT_BF16 = tl.constexpr("{\n.reg .b32 t, a, nz;\nmov.b32 nz, 0x80008000;\n"
-                            + _ptx_products(False, ("$1", "$2", "$3", "$4"), ("$5", "$6", "$7", "$8"), "nz")
-                            + _ptx_halves(False) + "}")
-_DQ_DOT_FP16 = tl.constexpr("{\n.reg .b32 a, nz; .reg .f16 lo, hi; .reg .f32 flo, fhi;\nmov.b32 nz, 0x80008000;\n"
-                            + _ptx_products(True, ("$1", "$2", "$3", "$4"), ("$5", "$6", "$7", "$8"), "nz")
-                            + _ptx_halves(True) + "}")
-
-
 @triton.jit
 def _dequant(q, HALF: tl.constexpr, ASM: tl.constexpr):
     """A word's eight nibbles - 8 as four 32-bit registers of two 16-bit values: register J holds
     nibbles J and J+4, the halves x pair J meets. The interpreter keeps them as int16 halves.
-    The asm is marked impure as measured (runs 50-52); what keeps it before the wait is the branch in
-    _moe_down_vec, not this."""
+    The asm is marked impure as measured (docs/moe-down.md); what keeps it before the wait is the branch
+    in _moe_down_vec, not this."""
     if ASM:
         if HALF:
             w = tl.inline_asm_elementwise(_DEQUANT_FP16, "=r,=r,=r,=r,r", [q],
@@ -422,10 +348,10 @@ def _dq_products(w0, w1, w2, w3, s, x_row, p, k0, k_end, rows, P, HALF: tl.const
 @triton.jit
 def _wait_for_activations(PDL: tl.constexpr, EARLY: tl.constexpr, ASM: tl.constexpr, LAUNCH: tl.constexpr):
     """Launched early (-early), wait for the previous kernel's output (the activations) here; the first launch of
-    a concurrent mixed tiling (LAUNCH 1) then lets the second launch start."""
-    if EARLY and ASM and LAUNCH != 2:
+    a concurrent mixed tiling (LAUNCH_FIRST) then lets the second launch start."""
+    if EARLY and ASM and LAUNCH != LAUNCH_SECOND:
         tl.extra.cuda.gdc_wait()
-    if PDL and ASM and LAUNCH == 1:
+    if PDL and ASM and LAUNCH == LAUNCH_FIRST:
         tl.extra.cuda.gdc_launch_dependents()
 
 
@@ -442,14 +368,14 @@ def _moe_down_vec(x_ptr, qw_ptr, sc_ptr, pair_ptr, blk_expert_ptr, rw_ptr, part_
     [BLOCK_K/8, BLOCK_N] fp32 tile laid out like the loaded words (2D, so every op keeps the
     load's layout); the word rows are summed once, after the K loop.
 
-    LAUNCH (with PDL and EARLY): 0 alone; 1 and 2 the two launches of a mixed tiling, run at the same
-    time. 1 lets the next launch start only after its own wait, when the activations are ready; 2,
-    launched under it, so reads them without a wait, and waits for the first grid before it ends, so
-    that whatever waits for it (the sum kernel) also waits for both."""
+    LAUNCH (with PDL and EARLY): LAUNCH_ALONE, or LAUNCH_FIRST and LAUNCH_SECOND, the two launches of a
+    mixed tiling, run at the same time. The first lets the next launch start only after its own wait, when
+    the activations are ready; the second, launched under it, so reads them without a wait, and waits for
+    the first grid before it ends, so that whatever waits for it (the sum kernel) also waits for both."""
     if PAD > 0 and ASM:
         # -oN: PAD bytes of shared memory held so that at most N programs share an SM (residency_pad).
         tl.inline_asm_elementwise(PAD_ASM, "=r,r", [P], dtype=tl.int32, is_pure=False, pack=1)
-    if PDL and ASM and LAUNCH != 1:
+    if PDL and ASM and LAUNCH != LAUNCH_FIRST:
         # What follows may launch now (the sum kernel; with FUSED_REDUCE the next kernel, if it is
         # launched for it); it waits (gdc_wait) for this whole grid before reading what it wrote.
         tl.extra.cuda.gdc_launch_dependents()
@@ -516,7 +442,7 @@ def _moe_down_vec(x_ptr, qw_ptr, sc_ptr, pair_ptr, blk_expert_ptr, rw_ptr, part_
             q_next, s_next = _block_weights(qw_base, sc_base, k_lo + BLOCK_K, k_end, rows, w_cols, n_ok, w_stride,
                                             GROUP)
         w0, w1, w2, w3 = _dequant(q, HALF, ASM)
-        if EARLY and ASM and LAUNCH != 2:
+        if EARLY and ASM and LAUNCH != LAUNCH_SECOND:
             # ptxas sinks pure arithmetic past the wait (it shortens live ranges); a branch on a value made
             # from every dequantized register keeps them before it. Both arms wait.
             v = tl.max(tl.max(w0 | w1 | w2 | w3, axis=1), axis=0)
@@ -525,7 +451,7 @@ def _moe_down_vec(x_ptr, qw_ptr, sc_ptr, pair_ptr, blk_expert_ptr, rw_ptr, part_
                                           is_pure=False, pack=1)
             else:
                 tl.extra.cuda.gdc_wait()
-        if PDL and ASM and LAUNCH == 1:
+        if PDL and ASM and LAUNCH == LAUNCH_FIRST:
             tl.extra.cuda.gdc_launch_dependents()
         acc0 += _dq_products(w0, w1, w2, w3, s, x0, p0, k_lo, k_end, rows, P, HALF, ASM)
         if BLOCK_M == 2:
@@ -591,7 +517,7 @@ def _moe_down_vec(x_ptr, qw_ptr, sc_ptr, pair_ptr, blk_expert_ptr, rw_ptr, part_
     if BLOCK_M == 2:
         res1 = col1 * tl.load(rw_ptr + p1, mask=p1 < P, other=0.0)
         tl.store(part + p1.to(tl.int64) * N, res1, mask=n_ok & ((offs_n * 0 + p1) < P))
-    if LAUNCH == 2 and ASM:
+    if LAUNCH == LAUNCH_SECOND and ASM:
         tl.extra.cuda.gdc_wait()
     if FUSED_REDUCE:
         pairs = tl.load(pair_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
@@ -683,8 +609,8 @@ def _moe_sum(part_ptr, out_ptr, P, N, TOPK: tl.constexpr, SPLIT_K: tl.constexpr,
     if PDL:
         # Launched under the main kernel (programmatic dependent launch). Whatever follows may
         # launch at once: it waits for this grid, which waits for the main kernel, so in a graph
-        # of calls the next call's weights stream in while this one sums (H200 run 25: TP4
-        # tokens 1 4.96 -> 4.54 us against waiting first).
+        # of calls the next call's weights stream in while this one sums (faster than waiting
+        # first: docs/moe-down.md).
         tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
     t = tl.program_id(0)
@@ -696,353 +622,3 @@ def _moe_sum(part_ptr, out_ptr, P, N, TOPK: tl.constexpr, SPLIT_K: tl.constexpr,
             acc += tl.load(part_ptr + s_i * P * N + (t * TOPK + j) * N + offs, mask=ok, other=0.0)
     tl.store(out_ptr + t * N + offs, acc.to(out_ptr.dtype.element_ty), mask=ok)
 
-
-@dataclass(frozen=True)
-class Config:
-    """One tiling. block_m 0 means: pick from the mean pairs per hit expert."""
-
-    block_m: int = 0
-    block_n: int = 64
-    block_k: int = 128
-    split_k: int = 1
-    num_warps: int = 4
-    num_stages: int = 3
-    fused_reduce: bool = False
-    packed: bool = False  # decode blocks: 16x2 packed dequant and products (_word_dot) instead of fp32 planes
-    tiled: bool = False  # decode blocks: weights repacked N-tile-major once per weight set (tile_weights)
-    maxnreg: int = 0  # registers per thread ptxas may use (0: its choice); fewer = more programs resident
-    # decode blocks, CUDA: at most this many programs per SM (0: no cap), by shared memory each program holds
-    # (-oN, residency_pad). Where the registers leave more slots than a one-wave grid needs, the next call's
-    # programs (launched early under PDL) fill them unevenly as this call's leave (docs/moe-down.md,
-    # session 7). The cap takes the L1 cache's share of the SM's memory, which 16-wide 2-warp tiles need.
-    per_sm: int = 0
-    paired: bool = False  # packed decode: nibbles reordered (pair_nibbles) so x pairs are single 32-bit loads
-    prefetch: bool = False  # decode blocks: the next K-block's words loaded before this block's products
-    # Decode blocks, CUDA sm_90+ (programmatic dependent launch; the interpreter runs the kernels without it):
-    # pdl: what follows the main kernel launches under it: the sum kernel (sum), or the next kernel
-    # if that one is launched for it (fused)
-    pdl: bool = False
-    early: bool = False  # the main kernel launches under the previous kernel, streaming weights before it waits
-    # -dq (packed, paired): the first K-block also dequantized before the wait, only its products after it
-    dequant_early: bool = False
-    # -2r (packed, paired, K-blocks of whole scale groups): two word rows of one group share each 16-bit sum
-    two_rows: bool = False
-    # A mixed tiling (block_m 2 decode): only an expert's pairs of pairs form 2-pair blocks; the odd pairs go
-    # to a second launch with this 1-pair tiling, so no block carries a padded pair's products (mixed_blocks).
-    # Label: the two labels joined by "+".
-    singles: Config | None = None
-
-    def label(self) -> str:
-        red = "fused" if self.fused_reduce else "sum"
-        flags = ("-packed" if self.packed else "") + ("-paired" if self.paired else "")
-        flags += ("-tiled" if self.tiled else "") + (f"-r{self.maxnreg}" if self.maxnreg else "")
-        flags += f"-o{self.per_sm}" if self.per_sm else ""
-        flags += ("-pf" if self.prefetch else "") + ("-pdl" if self.pdl else "") + ("-early" if self.early else "")
-        flags += ("-dq" if self.dequant_early else "") + ("-2r" if self.two_rows else "")
-        own = (f"m{self.block_m}n{self.block_n}k{self.block_k}s{self.split_k}"
-               f"w{self.num_warps}st{self.num_stages}{red}{flags}")
-        return own + (f"+{self.singles.label()}" if self.singles else "")
-
-
-DOT_MIN_M = 16  # tl.dot needs 16 rows; fewer pairs per block use the elementwise product instead
-# From 32 pairs per block one interleaved dot per K-block beats eight per-plane dots (H200 graph replay, bf16:
-# 512 tokens, BLOCK_M 32: 736 vs 1763 us at TP1, 240 vs 480 us at TP4); at 16 the planes won (64 tokens: 224
-# vs 302 us at TP1, 67 vs 92 us at TP4). docs/moe-down.md, runs 1 and 3.
-WIDE_MIN_M = 32
-DOT_K = 16 * PACK  # a dot's K is the block's word rows: 16 of them at least
-# Budget of the elementwise path's tiles by fp32_tile_regs; ptxas used ~1.5x this estimate in
-# total (94 for m1n128k128w4, 168 for m2n128k128w4; sm_90, Triton 3.9), no spills.
-REGS_PER_THREAD = 96
-
-
-def fp32_tile_regs(block_m: int, block_k: int, block_n: int, num_warps: int) -> float:
-    """Registers per thread of the elementwise path's tiles: acc and the K-block's sum
-    (BLOCK_M x BLOCK_K/8 x BLOCK_N each), plus the loaded words and their high halves."""
-    return (2 * block_m + 2) * (block_k // PACK) * block_n / (32 * num_warps)
-
-
-def uses_dot(block_m: int, block_k: int, group: int) -> bool:
-    return block_m >= DOT_MIN_M and DOT_K <= block_k <= group
-
-
-def auto_block_m(ids_cpu: torch.Tensor) -> int:
-    """Pairs per hit expert, rounded up to a power of two. One or two pairs (decode) take the
-    elementwise product; more are padded to 16+ rows for tensor-core dots, which cost no bytes."""
-    flat = ids_cpu.flatten()
-    mean = flat.numel() / max(1, flat.unique().numel())
-    if mean <= 1:
-        return 1
-    if mean <= 2:
-        return 2
-    bm = DOT_MIN_M
-    while bm < mean and bm < 64:
-        bm *= 2
-    return bm
-
-
-def fit_block_k(k: int, split: int, group: int, block_m: int, block_n: int, num_warps: int = 4,
-                largest: int = 256) -> int | None:
-    """The largest K-block (a power of two words deep, <= `largest`) that tiles each K-split;
-    the dot path keeps it within one scale group, the elementwise path within its register
-    budget. None if there is none."""
-    if k % split:
-        return None
-    for bk in (512, 256, 128, 64, 32, 16, 8):
-        if bk > largest or (k // split) % bk:
-            continue
-        if block_m >= DOT_MIN_M:
-            if bk > group or group % bk or bk < DOT_K:
-                continue
-        elif fp32_tile_regs(block_m, bk, block_n, num_warps) > REGS_PER_THREAD:
-            continue
-        return bk
-    return None
-
-
-def group_pairs(ids_cpu: torch.Tensor, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Pair ids (t * topk + j) sorted by expert, padded per expert to whole blocks with the
-    out-of-range id P, and the expert of each block. Done once per routing, like vLLM's
-    moe_align_block_size, whose result the up/gate and down projections share."""
-    flat = ids_cpu.flatten()
-    p = flat.numel()
-    order = torch.argsort(flat, stable=True)
-    experts, counts = torch.unique_consecutive(flat[order], return_counts=True)
-    pair_ids, block_expert, start = [], [], 0
-    for e, c in zip(experts.tolist(), counts.tolist(), strict=True):
-        nb = -(-c // block_m)
-        ids = torch.full((nb * block_m,), p, dtype=torch.int32)
-        ids[:c] = order[start:start + c].to(torch.int32)
-        pair_ids.append(ids)
-        block_expert += [e] * nb
-        start += c
-    return torch.cat(pair_ids), torch.tensor(block_expert, dtype=torch.int32)
-
-
-def mixed_blocks(ids_cpu: torch.Tensor) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
-    """group_pairs for a mixed tiling: (pair ids, block experts) of the 2-pair blocks, each two real
-    pairs of one expert, and of the 1-pair blocks, an expert's odd pair out. Every pair once."""
-    pairs, experts = group_pairs(ids_cpu, 1)
-    pairs, experts = pairs.tolist(), experts.tolist()
-    two, two_e, one, one_e = [], [], [], []
-    i = 0
-    while i < len(pairs):
-        if i + 1 < len(pairs) and experts[i + 1] == experts[i]:
-            two += pairs[i:i + 2]
-            two_e.append(experts[i])
-            i += 2
-        else:
-            one.append(pairs[i])
-            one_e.append(experts[i])
-            i += 1
-    as_ids = lambda v: torch.tensor(v, dtype=torch.int32)  # noqa: E731
-    return (as_ids(two), as_ids(two_e)), (as_ids(one), as_ids(one_e))
-
-
-def check_mixed(cfg: Config, block_m: int, k: int, group: int) -> None:
-    """A mixed tiling's two launches share the weights' layout, the partials and the sum kernel's launch."""
-    one = cfg.singles
-    check_config(one, k, group)
-    if block_m != 2 or one.block_m != 1 or one.singles is not None:
-        raise ValueError(f"a mixed tiling is a 2-pair tiling + a 1-pair tiling (m2...+m1...), not "
-                         f"block_m {block_m} + {one.block_m}")
-    same = ("split_k", "packed", "paired", "pdl", "early")
-    if any(getattr(cfg, f) != getattr(one, f) for f in same) or cfg.tiled or one.tiled or cfg.fused_reduce \
-            or one.fused_reduce:
-        raise ValueError("the two tilings of a mixed tiling must agree on split-K, -packed, -paired, -pdl and -early, "
-                         "and use the sum reduction without -tiled")
-
-
-def check_config(cfg: Config, k: int, group: int) -> None:
-    if cfg.block_k % PACK or (cfg.block_k // PACK) & (cfg.block_k // PACK - 1):
-        raise ValueError(f"block_k {cfg.block_k} must be {PACK} x a power of two")
-    if cfg.block_k > group and cfg.block_k % group or cfg.block_k < group and group % cfg.block_k:
-        raise ValueError(f"block_k {cfg.block_k} and the group {group} must divide one another")
-    if k % cfg.split_k or (k // cfg.split_k) % PACK:
-        raise ValueError(f"K={k} does not split into {cfg.split_k} parts of whole {PACK}-row words")
-    if (k // cfg.split_k) % cfg.block_k and cfg.block_m >= DOT_MIN_M:
-        # The decode kernel masks the rows past its split, so its K-blocks need not tile it.
-        raise ValueError(f"K={k} does not split into {cfg.split_k} parts of whole {cfg.block_k}-blocks")
-
-
-_DERIVED: dict[int, dict] = {}  # id(tensor) -> {key: derived layout}, dropped with the tensor
-
-
-def _derived(w: torch.Tensor, key, make) -> torch.Tensor:
-    """A layout made from w once and kept while w lives: chosen at load time, like any repacking
-    kernel's, so it is not part of a call's time."""
-    # Keyed by id, not by the tensor: a WeakKeyDictionary compares tensors with ==, which is elementwise.
-    if id(w) not in _DERIVED:
-        _DERIVED[id(w)] = {}
-        weakref.finalize(w, _DERIVED.pop, id(w), None)
-    per = _DERIVED[id(w)]
-    if key not in per:
-        per[key] = make()
-    return per[key]
-
-
-def tile_weights(w: torch.Tensor, block_n: int) -> torch.Tensor:
-    """[E, R, N] -> [E, N/block_n, R, block_n] contiguous (packed words or scales)."""
-    e, r, n = w.shape
-    if n % block_n:
-        raise ValueError(f"a tiled layout needs N={n} to be a multiple of block_n {block_n}")
-    return _derived(w, ("tiled", block_n),
-                    lambda: w.reshape(e, r, n // block_n, block_n).permute(0, 2, 1, 3).contiguous())
-
-
-PAIRED_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # nibble p of a paired word holds k = 8r + PAIRED_ORDER[p]
-
-
-def pair_nibbles(qweight: torch.Tensor) -> torch.Tensor:
-    """Words whose nibbles i and i+4 (the two halves one LOP3 extracts) hold k = 8r+2i and 8r+2i+1,
-    so the packed path's x pair is one aligned 32-bit load instead of two 16-bit loads and a pack."""
-    def make():
-        out = torch.zeros_like(qweight)
-        for p, k in enumerate(PAIRED_ORDER):
-            out |= ((qweight >> (4 * k)) & 15) << (4 * p)
-        return out
-
-    return _derived(qweight, "paired", make)
-
-
-RESERVED_SMEM = 1024  # shared memory the CUDA runtime reserves per program (sm_80+)
-REGISTERS_PER_SM = 65536  # sm_70 to sm_90
-STATIC_SMEM_MAX = 48 * 1024  # ptxas: 'uses too much shared data' above it
-
-
-def residency_pad(device: torch.device, per_sm: int, own_smem: int) -> int:
-    """Bytes of shared memory a program holds, besides its own `own_smem`, so that per_sm programs fit on an
-    SM and per_sm + 1 do not (-oN). Registers cap the programs per SM too, at a step of 8 registers per
-    thread; this cap is exact."""
-    if device.type != "cuda":
-        raise ValueError(f"-o{per_sm} pads CUDA programs with PTX shared memory; this is {device.type}")
-    per_program = torch.cuda.get_device_properties(device).shared_memory_per_multiprocessor // per_sm
-    # A program takes pad + own + the reserve (H200, cuOccupancyMaxActiveBlocksPerMultiprocessor: 12 programs
-    # of 17152 + 256 bytes per SM); cuobjdump counts the reserve in the static size, the runtime adds it.
-    pad = (per_program - RESERVED_SMEM - own_smem) // 128 * 128
-    if pad < 0:
-        raise ValueError(f"-o{per_sm}: a program already holds {own_smem + RESERVED_SMEM} bytes of shared memory, "
-                         f"more than 1/{per_sm} of an SM's; ask for fewer programs per SM")
-    if pad + RESERVED_SMEM > STATIC_SMEM_MAX:
-        raise ValueError(f"-o{per_sm}: the pad would be {pad} bytes, more than the {STATIC_SMEM_MAX} bytes of static "
-                         "shared memory a kernel may declare; ask for more programs per SM")
-    return pad
-
-
-def _pad_asm(pad: int) -> str:
-    # A static shared array the program never reads: a store under a predicate no launch meets keeps it.
-    return (f"{{ .shared .align 16 .b8 b70bench_pad[{pad}]; .reg .pred p; setp.eq.u32 p, $1, 0x7FC00001; "
-            "@p st.shared.u32 [b70bench_pad], $1; mov.u32 $0, 0; }")
-
-
-def pdl_reason(device: torch.device) -> str | None:
-    """Why programmatic dependent launch (pdl, early) cannot run on this device, or None."""
-    if device.type != "cuda":
-        return f"programmatic dependent launch is CUDA's (sm_90+); this is {device.type}"
-    if torch.cuda.get_device_capability(device) < (9, 0):
-        return "programmatic dependent launch needs compute capability 9.0+ (Hopper)"
-    return None
-
-
-def prepare(cfg: Config, qweight, scales, group: int, batch, out: torch.Tensor):
-    """A no-argument callable computing out [T, N] for this batch; all metadata made here."""
-    t, topk, k = batch.x.shape
-    n = qweight.shape[-1]
-    p = t * topk
-    bm = cfg.block_m or auto_block_m(batch.ids_cpu)
-    check_config(cfg, k, group)
-    dev = batch.x.device
-    if cfg.singles is not None:
-        check_mixed(cfg, bm, k, group)
-        (pair_ids, block_expert), singles = mixed_blocks(batch.ids_cpu)
-        singles = tuple(v.to(dev) for v in singles)
-    else:
-        pair_ids, block_expert = group_pairs(batch.ids_cpu, bm)
-    pair_ids, block_expert = pair_ids.to(dev), block_expert.to(dev)
-    x = batch.x.reshape(p, k)
-    rw = batch.weights.reshape(p).float().contiguous()
-    part = torch.full((cfg.split_k, p, n), float("nan"), dtype=torch.float32, device=dev)
-    n_tiles = triton.cdiv(n, cfg.block_n)
-    cnt = torch.zeros((t, n_tiles), dtype=torch.int32, device=dev)
-    if uses_dot(bm, cfg.block_k, group):
-        kernel = _moe_down_wide if bm >= WIDE_MIN_M else _moe_down_dot
-    elif bm <= 2:
-        kernel = _moe_down_vec
-    else:
-        raise ValueError(f"block_m {bm}: 1 or 2 pairs per block, or 16+ with a {DOT_K}-deep K-block in one group")
-    if (cfg.tiled or cfg.packed or cfg.paired or cfg.prefetch or cfg.pdl or cfg.early or cfg.dequant_early
-            or cfg.two_rows or cfg.per_sm) \
-            and kernel is not _moe_down_vec:
-        raise ValueError(f"block_m {bm}: the packed, paired, tiled, -o, pf, pdl, early, dq and 2r options are for "
-                         "decode blocks (1-2 pairs) only")
-    interpreted = os.environ.get("TRITON_INTERPRET") == "1"  # the interpreter runs no inline PTX
-    if (cfg.pdl or cfg.early) and not interpreted and pdl_reason(batch.x.device):
-        raise ValueError(f"pdl/early: {pdl_reason(batch.x.device)}")
-    sum_block = 256
-    sum_grid = (t, triton.cdiv(n, sum_block))
-
-    def options(c: Config, block_m: int, launch: int) -> dict:
-        opts = dict(TOPK=topk, GROUP=group, BLOCK_M=block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k,
-                    SPLIT_K=c.split_k, FUSED_REDUCE=c.fused_reduce, ASM=not interpreted, num_warps=c.num_warps,
-                    num_stages=c.num_stages)
-        if c.maxnreg and not interpreted:
-            opts["maxnreg"] = c.maxnreg
-        if c.per_sm and not interpreted:
-            # ptxas sizes its registers by the residency the shared memory leaves (95 instead of 64 for
-            # m1n16k512w2-2r at -o12: 10 programs per SM, not 12): keep it to what N programs can hold.
-            fit = REGISTERS_PER_SM // (c.per_sm * c.num_warps * 32) // 8 * 8
-            opts["maxnreg"] = min(c.maxnreg or fit, fit)
-        if kernel is _moe_down_vec:
-            opts.update(STAGES=c.num_stages, PACKED=c.packed, HALF=x.dtype == torch.float16, TILED=c.tiled,
-                        PAIRED=c.paired, PREFETCH=c.prefetch, PDL=c.pdl, EARLY=c.early, LAUNCH=launch,
-                        DQ=c.dequant_early, TWO_ROWS=c.two_rows)
-            if c.early and not interpreted:
-                opts["launch_pdl"] = True
-        return opts
-
-    if kernel is _moe_down_vec:
-        if cfg.paired and not cfg.packed:
-            raise ValueError("paired nibbles serve the packed path: add -packed")
-        for c in (cfg, cfg.singles or cfg):
-            if c.dequant_early and not c.paired:
-                raise ValueError("-dq dequantizes paired packed words: add -packed-paired")
-            if c.two_rows and (not c.paired or c.dequant_early or c.block_k < group):
-                raise ValueError(f"-2r pairs the word rows of one scale group: it needs -packed-paired, no -dq, and "
-                                 f"K-blocks of whole groups (block_k {c.block_k} >= group {group})")
-        if cfg.paired:
-            qweight = pair_nibbles(qweight)
-        if cfg.tiled:
-            qweight, scales = tile_weights(qweight, cfg.block_n), tile_weights(scales, cfg.block_n)
-        if cfg.packed and x.dtype not in (torch.float16, torch.bfloat16):
-            raise ValueError(f"packed dequant needs fp16 or bf16 activations, not {x.dtype}")
-
-    sum_pdl = {"PDL": True, "launch_pdl": True} if cfg.pdl and not cfg.fused_reduce and not interpreted else {}
-
-    # A mixed tiling's two launches run at the same time (LAUNCH 1 and 2) where both have blocks: the singles
-    # fill the SMs the 2-pair blocks' last wave leaves idle (H200 run 42: TP1 tokens 16 73.1-73.3 vs 77.5-78.0 us
-    # one after the other).
-    concurrent = bool(cfg.singles and cfg.pdl and cfg.early and not interpreted and pair_ids.numel()
-                      and singles[0].numel())
-    parts = [(pair_ids, block_expert, cfg, bm, 1 if concurrent else 0)]
-    if cfg.singles:
-        parts.append((*singles, cfg.singles, 1, 2 if concurrent else 0))
-    launches = [(ids, experts, triton.cdiv(n, c.block_n), options(c, m, launch))
-                for ids, experts, c, m, launch in parts]
-    for (ids, experts, tiles, opts), (_, _, c, _, _) in zip(launches, parts, strict=True):
-        if c.per_sm and not interpreted and experts.numel():
-            # The pad depends on the shared memory Triton's own code takes: compile once without it.
-            own = kernel.warmup(x, qweight, scales, ids, experts, rw, part, out, cnt, p, n, k, tiles,
-                                grid=(1,), **opts).metadata.shared
-            pad = residency_pad(dev, c.per_sm, own)
-            opts.update(PAD=pad, PAD_ASM=_pad_asm(pad))
-
-    def run():
-        for ids, experts, tiles, opts in launches:
-            if experts.numel():
-                kernel[(experts.numel(), tiles, cfg.split_k)](
-                    x, qweight, scales, ids, experts, rw, part, out, cnt, p, n, k, tiles, **opts)
-        if not cfg.fused_reduce:
-            _moe_sum[sum_grid](part, out, p, n, TOPK=topk, SPLIT_K=cfg.split_k, BLOCK=sum_block, num_warps=4,
-                               **sum_pdl)
-        return out
-
-    return run

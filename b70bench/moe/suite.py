@@ -151,7 +151,7 @@ def measure(dev: Device, variant_names: list[str] | None = None, tokens=TOKENS, 
                         if hasattr(v, "roofline_bytes"):
                             v_bytes = sum(v.roofline_bytes(wsets[0], b) for b in batches) / len(batches)
                             row["bytes"] = int(v_bytes)
-                        row.update(_time(dev, v, wsets, batches, graph, repeat, warmup, v_bytes, anchor))
+                        row.update(time_variant(dev, v, wsets, batches, graph, repeat, warmup, v_bytes, anchor))
                     except Unavailable as err:
                         reason = str(err)
                     except Exception as err:  # one variant failing on one shape must not end the others' rows
@@ -170,7 +170,9 @@ def failed(dev, err: Exception) -> str:
     return f"failed: {type(err).__name__}: {first}"
 
 
-def _time(dev, v, wsets, batches, graph, repeat, warmup, mean_bytes, anchor) -> dict:
+def time_variant(dev, v, wsets, batches, graph, repeat, warmup, mean_bytes, anchor) -> dict:
+    """Time variant v over the rotated weight sets and batches: timing.measure's summary, bandwidth and
+    fraction of the copy anchor."""
     outs, calls = [], []
     for i, b in enumerate(batches):
         out = torch.empty((b.tokens, wsets[0].qweight.shape[-1]), dtype=b.x.dtype, device=b.x.device)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import re
 import time
 from dataclasses import asdict, replace
 
@@ -13,6 +12,7 @@ from b70bench.errors import Unavailable
 from b70bench.fingerprint import fingerprint
 from b70bench.moe import suite
 from b70bench.moe import variants as varmod
+from b70bench.moe.configs import Config, flag_order, from_fields, parse_fields, parse_label
 from b70bench.moe.shapes import random_batch, random_weights, roofline_bytes
 
 COLUMNS = ["tp", "tokens", "config", "programs", "time_us", "time_us_iqr", "gbps", "frac_copy", "rel_err", "ok",
@@ -22,15 +22,14 @@ COLUMNS = ["tp", "tokens", "config", "programs", "time_us", "time_us_iqr", "gbps
 def configs(k: int, group: int, auto_bm: int, n: int = 3072, blocks: dict | None = None, sms: int = 132,
             pdl: bool = False) -> list:
     """Candidate tilings, the likeliest first (the sweep stops at its deadline). Decode shapes
-    start with the families the H200 sweeps found fastest (runs 6-17: one pair per block, narrow
+    start with the families the H200 sweeps found fastest (docs/moe-down.md: one pair per block, narrow
     tiles, deep K-blocks or prefetched 128-deep ones, packed dequant on paired nibbles, and with
     `pdl` (Hopper+) programmatic dependent launch), then a scored grid: about 2-8 programs per SM
     first, the in-kernel reduction before the second launch. `blocks` maps block_m to the number
     of expert blocks of the probe routing."""
     import math
-    from dataclasses import replace
 
-    from b70bench.moe.kernels import DOT_MIN_M, Config, fit_block_k
+    from b70bench.moe.launch import DOT_MIN_M, fit_block_k
 
     bms = [auto_bm] + ([1] if auto_bm == 2 else []) + ([DOT_MIN_M] if auto_bm < DOT_MIN_M else [])
     seeds = []
@@ -40,27 +39,27 @@ def configs(k: int, group: int, auto_bm: int, n: int = 3072, blocks: dict | None
             for pf in (True, False):
                 seeds.append(Config(block_m=1, block_n=bn, block_k=bk, num_warps=warps, num_stages=1,
                                     packed=True, paired=True, prefetch=pf, pdl=pdl, early=pdl))
-        for bn, bk, warps in ((32, deep, 4), (64, 128, 2)):  # two rows of a group per 16-bit sum (runs 59, 62)
+        for bn, bk, warps in ((32, deep, 4), (64, 128, 2)):  # two rows of a group per 16-bit sum
             if bk >= group:
                 seeds.append(Config(block_m=1, block_n=bn, block_k=bk, num_warps=warps, num_stages=1, packed=True,
                                     paired=True, prefetch=True, pdl=pdl, early=pdl, two_rows=True))
-        if pdl and auto_bm == 1 and deep >= group:  # -2r capped at the grid's share of SM slots (runs 60-70)
+        if pdl and auto_bm == 1 and deep >= group:  # -2r capped at the grid's share of SM slots
             programs = (blocks or {}).get(1, 8) * -(-n // 32)
             for tiled in (True, False):
                 seeds.append(Config(block_m=1, block_n=32, block_k=deep, num_warps=4, num_stages=1, packed=True,
                                     paired=True, tiled=tiled, pdl=True, early=True, two_rows=True,
-                                    per_sm=-(-programs // sms)))
-        if pdl:  # both 256-deep blocks of a short split before the wait, the first dequantized there (run 50)
+                                    programs_per_sm=-(-programs // sms)))
+        if pdl:  # both 256-deep blocks of a short split before the wait, the first dequantized there
             seeds.append(Config(block_m=1, block_n=32, block_k=256, num_warps=2, num_stages=1, packed=True,
                                 paired=True, prefetch=True, pdl=True, early=True, dequant_early=True))
-    if auto_bm == 2:  # shared experts: mixed tilings (2-pair blocks of pairs of pairs + these singles; run 40)
+    if auto_bm == 2:  # shared experts: mixed tilings (2-pair blocks of pairs of pairs + these odd pairs)
         one = Config(block_m=1, block_n=64, block_k=128, num_warps=2, num_stages=1, packed=True, paired=True,
                      prefetch=True, pdl=pdl, early=pdl)
         for bn, bk in ((64, 128), (32, 256)):
-            seeds.append(replace(one, block_m=2, block_n=bn, block_k=bk, prefetch=False, singles=one))
-        if group <= 128:  # both launches with -2r (run 59)
+            seeds.append(replace(one, block_m=2, block_n=bn, block_k=bk, prefetch=False, odd_pairs=one))
+        if group <= 128:  # both launches with -2r
             two = replace(one, two_rows=True)
-            seeds.insert(len(seeds) - 2, replace(two, block_m=2, prefetch=False, singles=two))
+            seeds.insert(len(seeds) - 2, replace(two, block_m=2, prefetch=False, odd_pairs=two))
     cands = []
     for bm, bn, warps, split, fused, packed, stages in itertools.product(
             bms, (128, 64, 256), (4, 8), (1, 2, 3, 4, 6, 8), (True, False), (True, False), (3, 1, 4)):
@@ -88,7 +87,7 @@ def sweep(dev, shape, tps, tokens, dtype, graph: bool = True, repeat: int = 10, 
     """Every tiling in configs() (or `tilings`, where a block_m of 0 takes the routing's own) per
     (tp, tokens), until `seconds` have passed (compiles dominate). A tiling that does not fit a
     shape is a row with the reason, not an error."""
-    from b70bench.moe import kernels
+    from b70bench.moe import launch
 
     per_shape = seconds / max(1, len(tps) * len(tokens))
     reason = varmod.triton_reason(dev)
@@ -111,30 +110,30 @@ def sweep(dev, shape, tps, tokens, dtype, graph: bool = True, repeat: int = 10, 
                                  for i in range(1, sets)]
             mean_bytes = sum(roofline_bytes(shape, k, b, dtype) for b in batches) / len(batches)
             deadline = time.monotonic() + per_shape
-            auto = kernels.auto_block_m(probe.ids_cpu)
-            blocks = {bm: kernels.group_pairs(probe.ids_cpu, bm)[1].numel() for bm in {1, 2, auto, 16}}
-            sms = varmod._sm_count(dev.torch_device)
-            pdl = kernels.pdl_reason(dev.torch_device) is None
+            auto = launch.auto_block_m(probe.ids_cpu)
+            blocks = {bm: launch.group_pairs(probe.ids_cpu, bm)[1].numel() for bm in {1, 2, auto, 16}}
+            sms = varmod.sm_count(dev.torch_device)
+            pdl = launch.pdl_reason(dev.torch_device) is None
             cands = configs(k, shape.group, auto, shape.hidden, blocks, sms, pdl) if tilings is None else [
                 replace(t, block_m=t.block_m or auto) for t in tilings]
             for cfg in cands:
                 if time.monotonic() > deadline:
                     break
                 try:
-                    kernels.check_config(cfg, k, shape.group)
+                    launch.check_config(cfg, k, shape.group)
                 except ValueError as err:
                     rows.append(records.record("moe-down-tune", fingerprint=fp, tp=tp, tokens=ntok, k=k,
                                                config=cfg.label(), skipped=str(err)))
                     continue
                 v = varmod.TritonVariant("triton-tune", config=cfg)
                 if cfg.block_m not in blocks:
-                    blocks[cfg.block_m] = kernels.group_pairs(probe.ids_cpu, cfg.block_m)[1].numel()
+                    blocks[cfg.block_m] = launch.group_pairs(probe.ids_cpu, cfg.block_m)[1].numel()
                 row = dict(tp=tp, tokens=ntok, k=k, n=shape.hidden, config=cfg.label(), tiling=asdict(cfg),
                            experts_hit=probe.experts_hit,
                            programs=blocks[cfg.block_m] * -(-shape.hidden // cfg.block_n) * cfg.split_k, graph=graph)
                 try:
                     row.update(suite.check(v, ref, shape, wsets[0], k, ntok, dtype, dev, seed + 31 * ntok))
-                    row.update(suite._time(dev, v, wsets, batches, graph, repeat, 3, mean_bytes, anchor))
+                    row.update(suite.time_variant(dev, v, wsets, batches, graph, repeat, 3, mean_bytes, anchor))
                 except Exception as err:  # one tiling that fails to compile or launch must not end the sweep
                     row["skipped"] = suite.failed(dev, err)
                 rows.append(records.record("moe-down-tune", fingerprint=fp, **row))
@@ -147,7 +146,6 @@ def sweep(dev, shape, tps, tokens, dtype, graph: bool = True, repeat: int = 10, 
 def load_tuned(path) -> dict:
     """(K, N, tokens) -> the fastest correct Config of a sweep's JSON (`--tune --json FILE`)."""
     from b70bench.errors import UsageError
-    from b70bench.moe.kernels import Config
 
     try:
         with open(path) as f:
@@ -161,45 +159,33 @@ def load_tuned(path) -> dict:
         key = (r.get("k") or shape_k(r), r.get("n") or 3072, r["tokens"])
         if key not in best or r["time_us"] < best[key]["time_us"]:
             best[key] = r
-    return {key: Config(**r["tiling"]) if "tiling" in r else parse_label(r["config"]) for key, r in best.items()}
+    return {key: from_fields(r["tiling"]) if "tiling" in r else parse_label(r["config"]) for key, r in best.items()}
 
 
-LABEL = re.compile(r"m(\d+)n(\d+)k(\d+)s(\d+)w(\d+)st(\d+)(sum|fused)(-packed)?(-paired)?(-tiled)?(?:-r(\d+))?"
-                   r"(?:-o(\d+))?(-pf)?(-pdl)?(-early)?(-dq)?(-2r)?$")
-
-
-def parse_label(label: str):
-    """Config from its label, e.g. m1n64k128s4w4st3sum (older sweep files carry only this); a mixed
-    tiling is its 2-pair and 1-pair labels joined by "+"."""
-    from dataclasses import replace
-
-    from b70bench.moe.kernels import Config
-
-    if label.count("+") == 1:
-        pairs, singles = label.split("+")
-        return replace(parse_label(pairs), singles=parse_label(singles))
-    m = LABEL.match(label)
-    if not m:
-        raise ValueError(f"not a tiling label: {label!r}")
-    bm, bn, bk, split, warps, stages = map(int, m.groups()[:6])
-    return Config(bm, bn, bk, split, warps, stages, fused_reduce=m.group(7) == "fused", packed=m.group(8) is not None,
-                  paired=m.group(9) is not None, tiled=m.group(10) is not None, maxnreg=int(m.group(11) or 0),
-                  per_sm=int(m.group(12) or 0), prefetch=m.group(13) is not None, pdl=m.group(14) is not None,
-                  early=m.group(15) is not None, dequant_early=m.group(16) is not None,
-                  two_rows=m.group(17) is not None)
-
-
-def parse_tiling(label: str):
-    """--tilings' argument: a tiling label, or a clear error naming the expected form."""
+def parse_tiling(text: str):
+    """--tilings' argument: a tiling label, `key=value,key=value` (Config's field names), or the JSON object a
+    sweep stores for a tiling (a row's `tiling`); a clear error naming the expected form otherwise."""
     from b70bench.errors import UsageError
 
+    text = text.strip()
     try:
-        return parse_label(label)
+        if text.startswith("{"):
+            try:
+                values = json.loads(text)
+            except ValueError as err:
+                raise ValueError(f"{text!r} is not a JSON object: {err}") from None
+            return from_fields(values)
+        if "=" in text:
+            return parse_fields(text)
+    except ValueError as err:
+        raise UsageError(f"--tilings: {err}") from None
+    try:
+        return parse_label(text)
     except ValueError:
-        raise UsageError(f"--tilings: {label!r} is not a tiling label; write it as the sweep prints it, "
-                         "e.g. m1n32k512s1w4st1sum-packed-paired-pf-pdl-early, flags in the order "
-                         "-packed -paired -tiled -rN -oN -pf -pdl -early -dq -2r; a mixed tiling joins a 2-pair and a "
-                         "1-pair label with +") from None
+        raise UsageError(f"--tilings: {text!r} is not a tiling label; write it as the sweep prints it, "
+                         f"e.g. m1n32k512s1w4st1sum-packed-paired-pf-pdl-early, flags in the order {flag_order()}; "
+                         "a mixed tiling joins a 2-pair and a 1-pair label with +; or by field names: "
+                         "key=value,key=value or a JSON object") from None
 
 
 def shape_k(row: dict) -> int:

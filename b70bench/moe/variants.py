@@ -24,6 +24,7 @@ import torch
 
 from b70bench.errors import Unavailable, UsageError
 from b70bench.moe import layout
+from b70bench.moe.configs import Config
 from b70bench.moe.shapes import Batch, Weights
 
 ENTRY_POINT_GROUP = "b70bench.moe_down_variants"
@@ -147,7 +148,8 @@ def triton_reason(device) -> str | None:
     return None
 
 
-def _sm_count(device) -> int:
+def sm_count(device) -> int:
+    """Streaming multiprocessors (CUDA) or subslices (XPU) of the device; 8 elsewhere."""
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count
     if device.type == "xpu":
@@ -157,7 +159,8 @@ def _sm_count(device) -> int:
 
 @dataclass
 class TritonVariant:
-    """The fused dequant + grouped GEMM (b70bench.moe.kernels), with a tiling policy.
+    """The fused dequant + grouped GEMM (b70bench.moe.kernels, launched by b70bench.moe.launch), with a tiling
+    policy.
 
     `triton`: one program per (expert block, N-tile of 128; 64 for dot blocks), whole K, a
     second kernel sums the top-k partials. `triton-htile`: finer tiles along N. Decode (1-2 pairs
@@ -177,58 +180,57 @@ class TritonVariant:
     htile: bool = False
     config: object = None
     overrides: dict = field(default_factory=dict)
-    tuned: dict = field(default_factory=dict)  # (K, N, tokens) -> kernels.Config, from a sweep
+    tuned: dict = field(default_factory=dict)  # (K, N, tokens) -> configs.Config, from a sweep
 
     def unavailable_reason(self, device, dtype) -> str | None:
         return triton_reason(device)
 
     def choose(self, k: int, n: int, batch: Batch, group: int):
-        from b70bench.moe import kernels
+        from b70bench.moe import launch
 
         if self.config is not None:
             return self.config
         key = (k, n, batch.tokens)
         if key in self.tuned:
             return self.tuned[key]
-        bm = kernels.auto_block_m(batch.ids_cpu)
-        if bm >= kernels.DOT_MIN_M and group < kernels.DOT_K:
+        bm = launch.auto_block_m(batch.ids_cpu)
+        if bm >= launch.DOT_MIN_M and group < launch.DOT_K:
             # A tensor-core dot needs a K-block of DOT_K within one scale group: smaller groups take 2-pair blocks.
             bm = 2
-        dot = bm >= kernels.DOT_MIN_M
+        dot = bm >= launch.DOT_MIN_M
         if not self.htile:
             bn = 64 if dot else 128
-            cfg = kernels.Config(block_m=bm, block_n=bn, block_k=kernels.fit_block_k(k, 1, group, bm, bn) or 8)
+            cfg = Config(block_m=bm, block_n=bn, block_k=launch.fit_block_k(k, 1, group, bm, bn) or 8)
             return replace(cfg, **self.overrides)
         if not dot:
             # Decode: bound by the bytes each SM has in flight (ncu: < 1 wave, 12-37% of DRAM throughput)
-            # and by the launch and top-k sum around the kernel. H200 sweeps (docs/moe-down.md,
-            # runs 6-31): one token takes K-blocks of up to 512 per load, 32-wide tiles of 4 warps, or
+            # and by the launch and top-k sum around the kernel. H200 sweeps (docs/moe-down.md): one token
+            # takes K-blocks of up to 512 per load, 32-wide tiles of 4 warps, or
             # where K needs several such blocks (TP1) 16-wide tiles of 2 warps without the prefetch;
             # 2-4 tokens over several blocks the same 32x512x4 tiles; more tokens (or a short K) 64-wide
             # tiles of 2 warps looping over 128-deep blocks (mixed with 2-pair blocks, below). All but the
             # 16-wide tiles and the 2-pair blocks hold the next block's words in registers (pf); all use
             # the packed dequant on paired nibbles and, on Hopper+, programmatic dependent launch (pdl: the
-            # sum kernel under the main kernel; early: the main kernel under the previous one). Run 63:
-            # TP1 tokens 1/4/16 8.44/23.22/63.60 us, TP4 3.65/9.09/26.64 us.
+            # sum kernel under the main kernel; early: the main kernel under the previous one).
             packed = batch.x.dtype in (torch.float16, torch.bfloat16)
             prefetch = True
-            pdl = kernels.pdl_reason(batch.x.device) is None
+            pdl = launch.pdl_reason(batch.x.device) is None
             if batch.tokens == 1 and k <= 512 and pdl and packed:
                 # The split's K in two 256-deep blocks, both requested before the wait and the first also
-                # dequantized there (-dq): after the wait little more than the products is left. Runs 50-51:
-                # TP4 tokens 1 3.73-3.86 us vs 4.35-4.49 for 32x512x4 -pf in the same runs; no gain at TP1
-                # (more K than the registers hold before the wait) nor at 4-16 tokens.
-                cfg = kernels.Config(block_m=1, block_n=32, block_k=256, num_warps=2, num_stages=1, packed=True,
-                                     paired=True, prefetch=True, pdl=True, early=True, dequant_early=True)
+                # dequantized there (-dq): after the wait little more than the products is left. Faster than
+                # 32x512x4 -pf at TP4; no gain at TP1 (more K than the registers hold before the wait) nor at
+                # 4-16 tokens.
+                cfg = Config(block_m=1, block_n=32, block_k=256, num_warps=2, num_stages=1, packed=True,
+                             paired=True, prefetch=True, pdl=True, early=True, dequant_early=True)
                 return replace(cfg, **self.overrides)
             if batch.tokens == 1 and k > 512 and pdl and packed and group <= 512:
                 # 32-wide 4-warp tiles with -2r use 64 registers, leaving more SM slots than the grid needs;
                 # capped at the grid's share (-oN) and on N-tile-major weights (-tiled) they beat the 16-wide
-                # tiles: runs 69-70, TP1 7.56-7.75 vs 8.44-8.55 us (uncapped 9.0; capped, not tiled, 8.32-8.46).
+                # tiles (uncapped they are slower; capped but not tiled, about even).
                 programs = batch.experts_hit * -(-n // 32)
-                cfg = kernels.Config(block_m=1, block_n=32, block_k=512, num_warps=4, num_stages=1, packed=True,
-                                     paired=True, tiled=n % 32 == 0, pdl=True, early=True, two_rows=True,
-                                     per_sm=-(-programs // _sm_count(batch.x.device)))
+                cfg = Config(block_m=1, block_n=32, block_k=512, num_warps=4, num_stages=1, packed=True,
+                             paired=True, tiled=n % 32 == 0, pdl=True, early=True, two_rows=True,
+                             programs_per_sm=-(-programs // sm_count(batch.x.device)))
                 return replace(cfg, **self.overrides)
             if batch.tokens == 1 and k > 512:
                 bn, bk, warps, prefetch = 16, 512, 2, False
@@ -237,43 +239,41 @@ class TritonVariant:
             else:
                 bn, bk, warps = 64, 128, 2
             # -2r (two word rows of a scale group per 16-bit sum, ~12% fewer instructions per word) where the
-            # products bound the time: runs 59 and 62, TP1 tokens 2/4 13.1/22.9 vs 14.1/25.2 us. Not for one token
-            # (fewer registers, more programs per SM: 9.5 vs 8.4 us) nor TP4 tokens 4 (9.6 vs 9.0).
+            # products bound the time: TP1 2-4 tokens. Not for one token (fewer registers, more programs per SM)
+            # nor TP4 at 4 tokens.
             two_rows = packed and bk >= group and batch.tokens > 1 and k > 512
-            cfg = kernels.Config(block_m=1, block_n=bn, block_k=bk, num_warps=warps, num_stages=1,
-                                 fused_reduce=False, packed=packed, paired=packed, prefetch=prefetch, pdl=pdl,
-                                 early=pdl, two_rows=two_rows)
+            cfg = Config(block_m=1, block_n=bn, block_k=bk, num_warps=warps, num_stages=1,
+                         fused_reduce=False, packed=packed, paired=packed, prefetch=prefetch, pdl=pdl,
+                         early=pdl, two_rows=two_rows)
             if batch.tokens > 4 and batch.ids_cpu.numel() >= 1.5 * batch.experts_hit:
                 # Where experts are shared (16 tokens: 128 pairs on ~74 experts) the products bound the
                 # time, not the bytes: an expert's pairs of pairs share one dequantization in 2-pair blocks,
                 # the odd pairs keep this tiling in a second launch running at the same time (with PDL).
-                # Run 42: TP1 tokens 16 73.1-73.3 vs 83.9-84.3 us, TP4 23.2-23.3 vs 25.0-25.2 us; at 4 tokens
-                # (few shared experts) mixing was slower (run 40).
-                # Both launches -2r: run 59, TP1 tokens 16 64.5 vs 72.2 us, TP4 21.3 vs 23.1.
+                # At 4 tokens (few shared experts) mixing was slower. Both launches take -2r.
                 one = replace(cfg, two_rows=packed and bk >= group)
-                cfg = replace(one, block_m=2, prefetch=False, singles=one)
+                cfg = replace(one, block_m=2, prefetch=False, odd_pairs=one)
             return replace(cfg, **self.overrides)
         bn = 32
         n_blocks = sum(-(-c // bm) for c in torch.bincount(batch.ids_cpu.flatten()).tolist() if c)
-        target = 4 * _sm_count(batch.x.device)
-        split, bk = 1, kernels.fit_block_k(k, 1, group, bm, bn) or 8
+        target = 4 * sm_count(batch.x.device)
+        split, bk = 1, launch.fit_block_k(k, 1, group, bm, bn) or 8
         for s in (2, 3, 4, 6, 8):  # split K only until the grid fills the device 4x over
             if n_blocks * -(-n // bn) * split >= target:
                 break
-            fit = kernels.fit_block_k(k, s, group, bm, bn)
-            if fit and fit >= min(group, kernels.DOT_K):  # a split that leaves whole groups per program
+            fit = launch.fit_block_k(k, s, group, bm, bn)
+            if fit and fit >= min(group, launch.DOT_K):  # a split that leaves whole groups per program
                 split, bk = s, fit
-        cfg = kernels.Config(block_m=bm, block_n=bn, block_k=bk, split_k=split, fused_reduce=True)
+        cfg = Config(block_m=bm, block_n=bn, block_k=bk, split_k=split, fused_reduce=True)
         return replace(cfg, **self.overrides)
 
     def label(self, weights: Weights, batch: Batch) -> str:
         return self.choose(batch.x.shape[-1], weights.qweight.shape[-1], batch, weights.group).label()
 
     def prepare(self, weights: Weights, batch: Batch, out: torch.Tensor):
-        from b70bench.moe import kernels
+        from b70bench.moe import launch
 
         cfg = self.choose(batch.x.shape[-1], weights.qweight.shape[-1], batch, weights.group)
-        return kernels.prepare(cfg, weights.qweight, weights.scales, weights.group, batch, out)
+        return launch.prepare(cfg, weights.qweight, weights.scales, weights.group, batch, out)
 
 
 class Broken:

@@ -9,7 +9,7 @@ import argparse
 
 import torch
 
-from b70bench.moe import shapes, tune, variants
+from b70bench.moe import configs, shapes, variants
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--tp", type=int, default=1)
@@ -25,7 +25,7 @@ dev = torch.device(args.device)
 w = shapes.random_weights(shape, k, torch.bfloat16, dev, 1)
 batch = shapes.random_batch(shape, k, args.tokens, torch.bfloat16, dev, 2)
 out = torch.empty((args.tokens, shape.hidden), dtype=torch.bfloat16, device=dev)
-run = variants.TritonVariant("profile", config=tune.parse_label(args.config)).prepare(w, batch, out)
+run = variants.TritonVariant("profile", config=configs.parse_label(args.config)).prepare(w, batch, out)
 for _ in range(args.calls):
     run()
 if dev.type == "cuda":

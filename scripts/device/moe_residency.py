@@ -7,7 +7,7 @@ Runs `b70bench` with the given arguments; for every decode kernel it compiles, p
 registers, static and dynamic shared memory, warps, the -oN pad and the programs per SM the driver allows
 (cuOccupancyMaxActiveBlocksPerMultiprocessor). CARVEOUT (0-100, or -1 for the driver's choice) first sets the
 kernel's preferred shared-memory carveout (CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT), i.e. how much of
-the SM's memory is shared memory rather than L1. CUDA only (libcuda through ctypes). docs/moe-down.md, run 64.
+the SM's memory is shared memory rather than L1. CUDA only (libcuda through ctypes). Results: docs/moe-down.md.
 """
 import ctypes
 import json
