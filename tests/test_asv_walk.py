@@ -131,9 +131,9 @@ def asv_conf(repo: Path, work: Path, env_dir: Path) -> Path:
     return path
 
 
-def run_asv(repo: Path, conf: Path, *args: str, timeout: int) -> subprocess.CompletedProcess:
+def run_asv(repo: Path, conf: Path, *args: str, timeout: int, **extra_env: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, B70BENCH_BACKEND="cpu", B70BENCH_CACHE_KEY_PINS=str(repo / "pins.json"),
-               PYTHONUNBUFFERED="1")
+               PYTHONUNBUFFERED="1", **extra_env)
     env.pop("PYTHONPATH", None)
     return subprocess.run([sys.executable, "-m", "asv", *args, "--config", str(conf)], cwd=repo, env=env,
                           capture_output=True, text=True, timeout=timeout)

@@ -49,11 +49,9 @@ import pytest
 
 from b70bench.patches import synthetic
 
-ROOT = Path(__file__).resolve().parent.parent
-CACHE_KEY_FIGURE = "bench_decode.Decode.track_aot_key_differs_from_pin"
-SPEED_FIGURE = "bench_decode.Decode.track_s_per_output_token"
-SPEED_FIGURES = (SPEED_FIGURE, "bench_decode.Decode.track_s_per_total_token",
-                 "bench_decode.Decode.track_output_tok_per_s")
+# The six-commit walk's plumbing: git, the asv config, running asv, reading regressions.json.
+from tests.test_asv_walk import CACHE_KEY_FIGURE, ROOT, SPEED_FIGURE, SPEED_FIGURES, asv_conf, git, regressions, run_asv
+
 # About 10-15% of a p128n128 decode step here once the moe-kernel commit's work is in (0.65 -> 0.9 ms a
 # step): 9 products, 9-17% of the lighter step, read 1.086 and 1.015 after it in two walks.
 WORK_REPS = 16
@@ -104,13 +102,6 @@ def build_patch_texts() -> dict[str, str]:
     }
 
 
-def git(repo: Path, *args: str) -> str:
-    env = dict(os.environ, GIT_AUTHOR_NAME="b70bench", GIT_AUTHOR_EMAIL="t@b70bench",
-               GIT_COMMITTER_NAME="b70bench", GIT_COMMITTER_EMAIL="t@b70bench")
-    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True,
-                          timeout=120, env=env).stdout.strip()
-
-
 def build_history(repo: Path) -> dict[str, str]:
     """A copy of the project with eight commits; returns step name -> commit hash."""
     files = subprocess.run(["git", "-C", str(ROOT), "ls-files", "-z"], check=True, capture_output=True,
@@ -155,40 +146,6 @@ def build_history(repo: Path) -> dict[str, str]:
     series(["decode-work.patch"])
     commit("slowdown", f"{WORK_REPS} matrix products per decode step")
     return commits
-
-
-def asv_conf(repo: Path, work: Path, env_dir: Path) -> Path:
-    from asv import util
-
-    conf = util.load_json(str(ROOT / "asv.conf.json"), js_comments=True)
-    conf.update({"repo": ".", "branches": ["main"], "env_dir": str(env_dir), "results_dir": str(work / "results"),
-                 "html_dir": str(work / "html"), "pythons": [f"{sys.version_info.major}.{sys.version_info.minor}"]})
-    path = repo / "asv.test.json"
-    path.write_text(json.dumps(conf, indent=2))
-    return path
-
-
-def run_asv(repo: Path, conf: Path, *args: str, timeout: int, **extra_env: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, B70BENCH_BACKEND="cpu", B70BENCH_CACHE_KEY_PINS=str(repo / "pins.json"),
-               PYTHONUNBUFFERED="1", **extra_env)
-    env.pop("PYTHONPATH", None)
-    return subprocess.run([sys.executable, "-m", "asv", *args, "--config", str(conf)], cwd=repo, env=env,
-                          capture_output=True, text=True, timeout=timeout)
-
-
-def regressions(html: Path) -> dict[str, list[tuple[str, str]]]:
-    """benchmark name -> [(first bad commit, last good commit)] from asv publish's regressions.json."""
-    data = json.loads((html / "regressions.json").read_text())
-    index = json.loads((html / "index.json").read_text())
-    rev_to_hash = {int(k): v for k, v in index["revision_to_hash"].items()}
-    out: dict[str, list[tuple[str, str | None]]] = {}
-    for name, _graph, _params, _j, _last, _best, jumps in data["regressions"]:
-        # A jump is (last good revision or None when the range is one commit, first bad revision, before, after).
-        for good, bad, _before, _after in jumps:
-            # Parameterized benchmarks are listed as name('param', ...): key them by the bare name.
-            last_good = rev_to_hash.get(good) if good is not None else None
-            out.setdefault(name.split("(", 1)[0], []).append((rev_to_hash[bad], last_good))
-    return out
 
 
 PATCHES: dict[str, str] = {}
