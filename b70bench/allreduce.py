@@ -35,8 +35,19 @@ from b70bench.comm.params import (
 )
 from b70bench.errors import UsageError
 
-COLUMNS = ["size_bytes", "count", "dtype", "mode", "path", "time_us", "latency_us", "algbw_gbps", "busbw_gbps",
-           "tax_us", "wrong"]
+COLUMNS = [
+    "size_bytes",
+    "count",
+    "dtype",
+    "mode",
+    "path",
+    "time_us",
+    "latency_us",
+    "algbw_gbps",
+    "busbw_gbps",
+    "tax_us",
+    "wrong",
+]
 # vLLM's path names what ran: its communicator class and, where it says, the kernel.
 VLLM_COLUMNS = ["communicator", "kernel"]
 # gloo moves each byte through host memory in Python-visible chunks: one 256 MiB op takes
@@ -50,8 +61,11 @@ def unavailable_reason(device: devmod.Device) -> str | None:
 
     if not dist.is_available():
         return "torch is built without torch.distributed"
-    have = {"cuda": dist.is_nccl_available, "cpu": dist.is_gloo_available,
-            "xpu": getattr(dist, "is_xccl_available", lambda: False)}[device.backend]
+    have = {
+        "cuda": dist.is_nccl_available,
+        "cpu": dist.is_gloo_available,
+        "xpu": getattr(dist, "is_xccl_available", lambda: False),
+    }[device.backend]
     if not have():
         return f"torch has no {device.collective_backend} backend for {device.backend}"
     return None
@@ -68,11 +82,15 @@ def prepare(params: Params) -> tuple[Params, int, str]:
     if params.world_size is None:
         params.world_size = 2 if backend == "cpu" else count
     if backend != "cpu" and params.world_size > count:
-        raise UsageError(f"world size {params.world_size} needs {params.world_size} {backend} devices on this node, "
-                         f"it has {count}: pass --world-size {count} or fewer (or launch across nodes with torchrun)")
+        raise UsageError(
+            f"world size {params.world_size} needs {params.world_size} {backend} devices on this node, "
+            f"it has {count}: pass --world-size {count} or fewer (or launch across nodes with torchrun)"
+        )
     if params.graph and backend == "cpu":
-        raise UsageError("--graph needs a backend that can capture collectives in a graph (cuda, xpu); "
-                         "gloo on the CPU cannot: drop --graph")
+        raise UsageError(
+            "--graph needs a backend that can capture collectives in a graph (cuda, xpu); "
+            "gloo on the CPU cannot: drop --graph"
+        )
     return params, params.world_size, backend
 
 
@@ -89,10 +107,19 @@ def measure(params: Params | None = None, **kw) -> list[dict]:
 def params_from_args(args) -> Params:
     if args.sizes and args.sweep:
         raise UsageError("pass --sizes or --sweep, not both")
-    p = Params(dtype=parse_dtype(args.dtype), modes=parse_list(args.modes, MODES, "mode"),
-               paths=None if args.path == "auto" else parse_list(args.path, PATHS, "path"),
-               world_size=args.world_size, backend=args.backend, graph=args.graph, iters=args.iters,
-               repeat=args.repeat, warmup=args.warmup, budget_s=args.budget_s, timeout_s=args.timeout)
+    p = Params(
+        dtype=parse_dtype(args.dtype),
+        modes=parse_list(args.modes, MODES, "mode"),
+        paths=None if args.path == "auto" else parse_list(args.path, PATHS, "path"),
+        world_size=args.world_size,
+        backend=args.backend,
+        graph=args.graph,
+        iters=args.iters,
+        repeat=args.repeat,
+        warmup=args.warmup,
+        budget_s=args.budget_s,
+        timeout_s=args.timeout,
+    )
     if args.sizes:
         p.sizes = parse_sizes(args.sizes)
     elif args.sweep:
@@ -113,8 +140,10 @@ def print_table(rows: list[dict]) -> None:
     if done:
         r0 = done[0]
         how = "CUDA/XPU graph replay" if r0["graph"] else "eager"
-        print(f"# allreduce: {r0['collective']}, {r0['world_size']} ranks, {r0['dtype']}, {how}; "
-              f"time = pipelined per op, latency = one synchronized op (max over ranks of the median)")
+        print(
+            f"# allreduce: {r0['collective']}, {r0['world_size']} ranks, {r0['dtype']}, {how}; "
+            f"time = pipelined per op, latency = one synchronized op (max over ranks of the median)"
+        )
         print(records.format_table(done, COLUMNS + (VLLM_COLUMNS if any(r["path"] == "vllm" for r in done) else [])))
     for r in rows:
         if r.get("skipped"):
@@ -153,33 +182,56 @@ def _as_rank(params: Params, env: tuple[int, int, int], json_path: str | None) -
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--sizes", nargs="+", metavar="SIZE",
-                   help="message sizes, bytes with K/M/G suffix (default 8 6K 1M 256M; 256M left out on the CPU)")
+    p.add_argument(
+        "--sizes",
+        nargs="+",
+        metavar="SIZE",
+        help="message sizes, bytes with K/M/G suffix (default 8 6K 1M 256M; 256M left out on the CPU)",
+    )
     p.add_argument("--sweep", metavar="MIN:MAX", help="powers of two from MIN to MAX, e.g. 8:256M")
     p.add_argument("--modes", default="all", help=f"comma-separated: {', '.join(MODES)} (default all)")
-    p.add_argument("--path", default="auto",
-                   help="comma-separated: c10d, raw (NCCL through CuPy on the current stream), vllm (vLLM's own "
-                        "tensor-parallel all_reduce, mode in-place); auto: c10d plus raw where CuPy's NCCL imports")
+    p.add_argument(
+        "--path",
+        default="auto",
+        help="comma-separated: c10d, raw (NCCL through CuPy on the current stream), vllm (vLLM's own "
+        "tensor-parallel all_reduce, mode in-place); auto: c10d plus raw where CuPy's NCCL imports",
+    )
     p.add_argument("--dtype", default="fp16", help="fp16, bf16 or fp32 (default fp16)")
-    p.add_argument("--world-size", type=int, default=None,
-                   help="ranks to start on this node (default: every GPU; 2 on the CPU)")
-    p.add_argument("--backend", default=None, metavar="{cuda,xpu,cpu,nccl,xccl,ccl,gloo}",
-                   help="device or collective backend (default: xpu/xccl, then cuda/nccl, then cpu/gloo; "
-                        "ccl needs oneccl_bindings_for_pytorch)")
+    p.add_argument(
+        "--world-size", type=int, default=None, help="ranks to start on this node (default: every GPU; 2 on the CPU)"
+    )
+    p.add_argument(
+        "--backend",
+        default=None,
+        metavar="{cuda,xpu,cpu,nccl,xccl,ccl,gloo}",
+        help="device or collective backend (default: xpu/xccl, then cuda/nccl, then cpu/gloo; "
+        "ccl needs oneccl_bindings_for_pytorch)",
+    )
     p.add_argument("--graph", action="store_true", help="time replays of collectives captured in a CUDA/XPU graph")
     p.add_argument("--iters", type=int, default=100, help="back-to-back ops per pipelined sample (default 100)")
     p.add_argument("--repeat", type=int, default=20, help="pipelined samples per row (default 20)")
     p.add_argument("--warmup", type=int, default=5, help="warm-up ops at every size (default 5)")
-    p.add_argument("--budget-s", type=float, default=None,
-                   help="seconds per row; slow sizes get fewer iterations (default 4; 1 on the CPU)")
-    p.add_argument("--timeout", type=float, default=300.0,
-                   help="seconds before a rank still running is declared hung and every rank is killed")
+    p.add_argument(
+        "--budget-s",
+        type=float,
+        default=None,
+        help="seconds per row; slow sizes get fewer iterations (default 4; 1 on the CPU)",
+    )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=300.0,
+        help="seconds before a rank still running is declared hung and every rank is killed",
+    )
     cli.add_json_arg(p)
 
 
 def register(sub) -> None:
-    p = sub.add_parser("allreduce", help="allreduce: in-place / clone / empty-copy / functional across sizes",
-                       description=__doc__.split("\n\n")[0])
+    p = sub.add_parser(
+        "allreduce",
+        help="allreduce: in-place / clone / empty-copy / functional across sizes",
+        description=__doc__.split("\n\n")[0],
+    )
     add_arguments(p)
     p.set_defaults(func=run)
 
@@ -191,8 +243,10 @@ def _rank_process_main() -> int:
     env = launchmod.rank_env()
     try:
         if env is None:
-            raise UsageError("python -m b70bench.allreduce is one rank: start it with torchrun/mpirun, "
-                             "or use `b70bench allreduce --world-size N`")
+            raise UsageError(
+                "python -m b70bench.allreduce is one rank: start it with torchrun/mpirun, "
+                "or use `b70bench allreduce --world-size N`"
+            )
         if os.environ.get(ENV_PARAMS):
             params = Params.from_json(os.environ[ENV_PARAMS])
             return _as_rank(params, env, None)

@@ -93,26 +93,54 @@ class Verdicts(OutputPublisher):
                 jumps = [_jump(v, revisions, repo) for v in walked if v.verdict == stats.SLOWER]
                 if jumps:
                     newest = max(points, key=lambda p: p.revision)
-                    entries.append([name, graph.path + ".json", graph_params, j, stats.geomean(newest.samples),
-                                    min(stats.geomean(p.samples) for p in points), jumps])
+                    entries.append(
+                        [
+                            name,
+                            graph.path + ".json",
+                            graph_params,
+                            j,
+                            stats.geomean(newest.samples),
+                            min(stats.geomean(p.samples) for p in points),
+                            jumps,
+                        ]
+                    )
         kept = [r for r in asv_entries if bare(r[0]) not in WITHDRAWN and r[0] not in decided]
         data["regressions"] = kept + entries
         util.write_json(path, data, compact=True)
         if hasattr(Regressions, "_save_feed"):  # asv 0.6's feed writer; the page works without it
-            Regressions._save_feed(conf, benchmarks, data["regressions"], revisions,
-                                   {r: h for h, r in revisions.items()})
-        util.write_json(os.path.join(conf.html_dir, "b70bench-verdicts.json"),
-                        {"rule": verdicts.describe(level, min_effect), "level": level, "min_effect": min_effect,
-                         "decided": list(DECIDED), "withdrawn": list(WITHDRAWN),
-                         "verdicts": [_row_json(n, p, v) for n, p, v in rows]})
+            Regressions._save_feed(
+                conf, benchmarks, data["regressions"], revisions, {r: h for h, r in revisions.items()}
+            )
+        util.write_json(
+            os.path.join(conf.html_dir, "b70bench-verdicts.json"),
+            {
+                "rule": verdicts.describe(level, min_effect),
+                "level": level,
+                "min_effect": min_effect,
+                "decided": list(DECIDED),
+                "withdrawn": list(WITHDRAWN),
+                "verdicts": [_row_json(n, p, v) for n, p, v in rows],
+            },
+        )
         _write_note(conf.html_dir, level, min_effect, rows, conf.hash_length)
 
 
 def _row_json(name: str, params: dict, v: verdicts.Verdict) -> dict:
     r = v.ratio
-    return {"benchmark": name, "graph_params": params, "commit": v.commit, "reference": v.reference,
-            "verdict": v.verdict, "ratio": r and r.ratio, "lo": r and r.lo, "hi": r and r.hi,
-            "n_reference": r and r.n_a, "n": r and r.n_b, "before": v.before, "after": v.after}
+    return {
+        "benchmark": name,
+        "graph_params": params,
+        "commit": v.commit,
+        "reference": v.reference,
+        "verdict": v.verdict,
+        "ratio": r and r.ratio,
+        "lo": r and r.lo,
+        "hi": r and r.hi,
+        "n_reference": r and r.n_a,
+        "n": r and r.n_b,
+        "before": v.before,
+        "after": v.after,
+    }
 
 
 def _write_note(html_dir: str, level: float, min_effect: float, rows, hash_length: int) -> None:
@@ -120,19 +148,23 @@ def _write_note(html_dir: str, level: float, min_effect: float, rows, hash_lengt
     body = []
     for name, _params, v in rows:
         r = v.ratio
-        figures = (f"{r.ratio:.3f} [{r.lo:.3f}, {r.hi:.3f}]" if r else "-")
-        body.append(f"<tr><td>{html.escape(name)}</td><td><code>{v.commit[:hash_length]}</code></td>"
-                    f"<td>{len(v.reference)} commit(s)</td><td>{figures}</td><td><b>{html.escape(v.verdict)}</b>"
-                    f"</td></tr>")
-    note = (f'<div id="{NOTE_ID}" style="margin: 1em 2em">'
-            f"<p><b>Decode speed verdicts by b70bench.</b> The figures {', '.join(n.split('.')[-1] for n in DECIDED)} "
-            f"are listed below by b70bench's statistic, not asv's step fit: "
-            f"{html.escape(verdicts.describe(level, min_effect))}"
-            f". Each sample is one fresh vLLM start. Throughput figures are not listed (asv reads every rise as a "
-            f"regression); their verdict is the seconds figure's.</p>"
-            f'<table class="table table-condensed"><thead><tr><th>figure</th><th>commit</th><th>against</th>'
-            f"<th>ratio [{level:.0%} interval]</th><th>verdict</th></tr></thead><tbody>{''.join(body)}"
-            f"</tbody></table></div>")
+        figures = f"{r.ratio:.3f} [{r.lo:.3f}, {r.hi:.3f}]" if r else "-"
+        body.append(
+            f"<tr><td>{html.escape(name)}</td><td><code>{v.commit[:hash_length]}</code></td>"
+            f"<td>{len(v.reference)} commit(s)</td><td>{figures}</td><td><b>{html.escape(v.verdict)}</b>"
+            f"</td></tr>"
+        )
+    note = (
+        f'<div id="{NOTE_ID}" style="margin: 1em 2em">'
+        f"<p><b>Decode speed verdicts by b70bench.</b> The figures {', '.join(n.split('.')[-1] for n in DECIDED)} "
+        f"are listed below by b70bench's statistic, not asv's step fit: "
+        f"{html.escape(verdicts.describe(level, min_effect))}"
+        f". Each sample is one fresh vLLM start. Throughput figures are not listed (asv reads every rise as a "
+        f"regression); their verdict is the seconds figure's.</p>"
+        f'<table class="table table-condensed"><thead><tr><th>figure</th><th>commit</th><th>against</th>'
+        f"<th>ratio [{level:.0%} interval]</th><th>verdict</th></tr></thead><tbody>{''.join(body)}"
+        f"</tbody></table></div>"
+    )
     index = os.path.join(html_dir, "index.html")
     with open(index) as f:
         text = f.read()

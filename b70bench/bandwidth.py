@@ -39,9 +39,14 @@ def measure(dev: devmod.Device, nbytes: int | None = None, *, repeat: int = 30, 
     t = timing.measure(dev, lambda: dst.copy_(src), warmup=warmup, repeat=repeat)
     wrong = int((dst != src).sum())
     return records.record(
-        "copy", bytes=nbytes, **t.summary(), samples_s=t.samples,
-        bandwidth_gbps=2 * nbytes / t.median / 1e9, bandwidth_gbps_max=2 * nbytes / t.min / 1e9,
-        wrong=wrong)
+        "copy",
+        bytes=nbytes,
+        **t.summary(),
+        samples_s=t.samples,
+        bandwidth_gbps=2 * nbytes / t.median / 1e9,
+        bandwidth_gbps_max=2 * nbytes / t.min / 1e9,
+        wrong=wrong,
+    )
 
 
 @functools.cache
@@ -64,8 +69,11 @@ def run(args) -> int:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("copy", help="device-to-device copy bandwidth (the anchor)",
-                       description="Device-to-device copy bandwidth, bytes read + written per second.")
+    p = sub.add_parser(
+        "copy",
+        help="device-to-device copy bandwidth (the anchor)",
+        description="Device-to-device copy bandwidth, bytes read + written per second.",
+    )
     cli.add_device_args(p)
     p.add_argument("--mib", type=float, nargs="+", help="buffer sizes in MiB (default 1024 on GPUs, 256 on the CPU)")
     p.add_argument("--repeat", type=int, default=30, help="timed samples per size (median reported)")

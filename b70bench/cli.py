@@ -31,20 +31,32 @@ SUBCOMMAND_MODULES = (
 
 
 def add_device_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--backend", choices=None, metavar="{xpu,cuda,cpu}",
-                        help="device backend (default: xpu, then cuda, then cpu; env B70BENCH_BACKEND)")
-    parser.add_argument("--device-index", type=int, default=None,
-                        help="device index (default 0; env B70BENCH_DEVICE_INDEX)")
+    parser.add_argument(
+        "--backend",
+        choices=None,
+        metavar="{xpu,cuda,cpu}",
+        help="device backend (default: xpu, then cuda, then cpu; env B70BENCH_BACKEND)",
+    )
+    parser.add_argument(
+        "--device-index", type=int, default=None, help="device index (default 0; env B70BENCH_DEVICE_INDEX)"
+    )
 
 
 def add_json_arg(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--json", metavar="FILE", default=None,
-                        help="also write the records and the fingerprint to FILE ('-' for stdout only)")
+    parser.add_argument(
+        "--json",
+        metavar="FILE",
+        default=None,
+        help="also write the records and the fingerprint to FILE ('-' for stdout only)",
+    )
 
 
 # (flag, top-level dest, argparse keywords): options every subcommand that measures takes.
-GLOBAL_OPTIONS = (("--backend", "global_backend", {}), ("--device-index", "global_device_index", {"type": int}),
-                  ("--json", "global_json", {}))
+GLOBAL_OPTIONS = (
+    ("--backend", "global_backend", {}),
+    ("--device-index", "global_device_index", {"type": int}),
+    ("--json", "global_json", {}),
+)
 
 
 def _apply_global_options(args: argparse.Namespace) -> None:
@@ -69,8 +81,8 @@ def _module_exists(name: str) -> bool:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="b70bench",
-        description="Communication, kernel and end-to-end decode benchmarks for LLM inference stacks.")
+        prog="b70bench", description="Communication, kernel and end-to-end decode benchmarks for LLM inference stacks."
+    )
     parser.add_argument("--version", action="version", version=f"b70bench {__version__}")
     # The same device and output options as each subcommand's, accepted before it too
     # (`b70bench --backend cpu info`); the subcommand's own, when given, wins.

@@ -40,16 +40,24 @@ def _missing_reason(backend: str) -> str:
     build = torch.__version__
     if backend == "cuda":
         if torch.version.cuda is None:
-            return (f"torch {build} is built without CUDA: install a CUDA build of torch "
-                    f"(pip install '.[cuda]') or pass --backend cpu")
-        return ("torch sees no CUDA device (driver missing or CUDA_VISIBLE_DEVICES empty): "
-                "fix the driver or pass --backend cpu")
+            return (
+                f"torch {build} is built without CUDA: install a CUDA build of torch "
+                f"(pip install '.[cuda]') or pass --backend cpu"
+            )
+        return (
+            "torch sees no CUDA device (driver missing or CUDA_VISIBLE_DEVICES empty): "
+            "fix the driver or pass --backend cpu"
+        )
     if backend == "xpu":
         if not hasattr(torch, "xpu"):
-            return (f"torch {build} has no torch.xpu: install an XPU build of torch "
-                    f"(pip install '.[xpu]') or pass --backend cpu")
-        return (f"torch {build} sees no XPU device (no XPU build, or no Level Zero driver): "
-                f"install torch from PyTorch's xpu index and Intel's GPU driver, or pass --backend cpu")
+            return (
+                f"torch {build} has no torch.xpu: install an XPU build of torch "
+                f"(pip install '.[xpu]') or pass --backend cpu"
+            )
+        return (
+            f"torch {build} sees no XPU device (no XPU build, or no Level Zero driver): "
+            f"install torch from PyTorch's xpu index and Intel's GPU driver, or pass --backend cpu"
+        )
     return ""
 
 
@@ -59,8 +67,9 @@ def choose_backend(requested: str | None = None) -> str:
     if requested is not None:
         requested = requested.strip().lower()
         if requested not in BACKENDS:
-            raise UsageError(f"unknown backend {requested!r}: use one of {', '.join(BACKENDS)} "
-                             f"(--backend or {ENV_BACKEND})")
+            raise UsageError(
+                f"unknown backend {requested!r}: use one of {', '.join(BACKENDS)} (--backend or {ENV_BACKEND})"
+            )
         if not available(requested):
             raise UsageError(f"backend {requested!r} is not usable here: {_missing_reason(requested)}")
         return requested
@@ -185,8 +194,10 @@ def select(backend: str | None = None, index: int | None = None) -> Device:
     index = 0 if index is None else index
     count = device_count(backend)
     if not 0 <= index < count:
-        raise UsageError(f"device index {index} is out of range: this machine has {count} {backend} "
-                         f"device(s), use --device-index 0..{count - 1}")
+        raise UsageError(
+            f"device index {index} is out of range: this machine has {count} {backend} "
+            f"device(s), use --device-index 0..{count - 1}"
+        )
     if backend != "cpu":
         # Events and streams are recorded on the current device: make it the one we time.
         _module(backend).set_device(index)

@@ -60,8 +60,7 @@ def patch_state() -> dict:
 
 def driver_version(device: Device) -> str | None:
     if device.backend == "cuda":
-        return _run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader",
-                     f"--id={device.index}"])
+        return _run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader", f"--id={device.index}"])
     if device.backend == "xpu":
         props = torch.xpu.get_device_properties(device.index)
         return getattr(props, "driver_version", None)

@@ -13,9 +13,11 @@ def run(args) -> int:
     avail = suites.availability(dev)
     anchor = bandwidth.measure(dev) if args.measure else None
     if args.json:
-        out = {"fingerprint": fp,
-               "suites": {name: {"runs": reason is None, "reason": reason} for name, reason in avail.items()},
-               "anchor": anchor}
+        out = {
+            "fingerprint": fp,
+            "suites": {name: {"runs": reason is None, "reason": reason} for name, reason in avail.items()},
+            "anchor": anchor,
+        }
         records.emit_json(args.json, out)
     if args.json != records.STDOUT:
         width = max(map(len, fp))
@@ -31,11 +33,13 @@ def run(args) -> int:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("info", help="environment fingerprint, suite availability, copy anchor",
-                       description="Print the fingerprint attached to every result and, per suite, "
-                                   "whether it can run here and why not.")
+    p = sub.add_parser(
+        "info",
+        help="environment fingerprint, suite availability, copy anchor",
+        description="Print the fingerprint attached to every result and, per suite, "
+        "whether it can run here and why not.",
+    )
     cli.add_device_args(p)
-    p.add_argument("--measure", action="store_true",
-                   help="also measure device-to-device copy bandwidth (the anchor)")
+    p.add_argument("--measure", action="store_true", help="also measure device-to-device copy bandwidth (the anchor)")
     p.add_argument("--json", metavar="FILE", default=None, help="write as JSON to FILE ('-' for stdout)")
     p.set_defaults(func=run)

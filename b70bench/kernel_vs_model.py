@@ -66,8 +66,10 @@ def read_results(results_dir: Path, machine: str | None = None, warn=None) -> di
             if not isinstance(data, dict) or "commit_hash" not in data or "results" not in data:
                 continue
             cols = data.get("result_columns") or ["result", "params"]
-            entry = out.setdefault(data["commit_hash"], {"date": data.get("date"), "env": data.get("env_name"),
-                                                         "figures": {}, "samples": {}})
+            entry = out.setdefault(
+                data["commit_hash"],
+                {"date": data.get("date"), "env": data.get("env_name"), "figures": {}, "samples": {}},
+            )
             for name, row in data["results"].items():
                 row = dict(zip(cols, row, strict=False)) if isinstance(row, list) else row
                 values = row.get("result")
@@ -94,14 +96,26 @@ def _change(value: float, samples, prev: tuple | None, tolerance: float, level: 
         out["ratio"], out["interval"] = r.ratio, [r.lo, r.hi]
         out["verdict"] = r.verdict(tolerance)
     else:  # one value a side: the change itself decides
-        out["verdict"] = (stats.SLOWER if out["ratio"] > 1 + tolerance else
-                          stats.FASTER if out["ratio"] < 1 - tolerance else stats.NO_DIFFERENCE)
+        out["verdict"] = (
+            stats.SLOWER
+            if out["ratio"] > 1 + tolerance
+            else stats.FASTER
+            if out["ratio"] < 1 - tolerance
+            else stats.NO_DIFFERENCE
+        )
     return out
 
 
-def compare(results: dict[str, dict], kernel_re: str = KERNEL_RE, model_re: str = MODEL_RE,
-            tolerance: float = 0.03, order: list[str] | None = None, level: float = LEVEL,
-            kernel_effect: float = KERNEL_EFFECT, exclude_re: str = EXCLUDE_RE) -> list[dict]:
+def compare(
+    results: dict[str, dict],
+    kernel_re: str = KERNEL_RE,
+    model_re: str = MODEL_RE,
+    tolerance: float = 0.03,
+    order: list[str] | None = None,
+    level: float = LEVEL,
+    kernel_effect: float = KERNEL_EFFECT,
+    exclude_re: str = EXCLUDE_RE,
+) -> list[dict]:
     """One row per commit: each figure's change from the previous commit that had it, and the flag.
 
     Kernel figures are matched on their full name (parameters included, so a path or a variant
@@ -147,16 +161,19 @@ def format_rows(rows: list[dict]) -> str:
     for r in rows:
         best = min(r["kernels"].items(), key=lambda kv: kv[1]["ratio"] or 1.0, default=None)
         model = next(iter(sorted(r["model"].items())), None)
-        table.append({
-            "commit": r["commit"][:10],
-            "decode_s_per_token": model[1]["value"] if model else None,
-            "decode_change": _pct(model[1]) if model else "-",
-            "best_kernel": best[0] if best else "-",
-            "kernel_change": _pct(best[1]) if best else "-",
-            "flag": "KERNEL FASTER, DECODE SLOWER" if r["flag"] else "",
-        })
-    return records.format_table(table, ["commit", "decode_s_per_token", "decode_change", "best_kernel",
-                                        "kernel_change", "flag"])
+        table.append(
+            {
+                "commit": r["commit"][:10],
+                "decode_s_per_token": model[1]["value"] if model else None,
+                "decode_change": _pct(model[1]) if model else "-",
+                "best_kernel": best[0] if best else "-",
+                "kernel_change": _pct(best[1]) if best else "-",
+                "flag": "KERNEL FASTER, DECODE SLOWER" if r["flag"] else "",
+            }
+        )
+    return records.format_table(
+        table, ["commit", "decode_s_per_token", "decode_change", "best_kernel", "kernel_change", "flag"]
+    )
 
 
 def unavailable_reason(device) -> str | None:
@@ -168,8 +185,9 @@ def run(args) -> int:
         raise UsageError(f"--level {args.level} is not a probability: pass e.g. 0.99")
     results_dir = Path(args.results) if args.results else state.asv_results_dir()
     if not results_dir.is_dir():
-        raise UsageError(f"{results_dir} holds no asv results: run `asv run` (or `make bench`) first, or pass "
-                         f"--results DIR")
+        raise UsageError(
+            f"{results_dir} holds no asv results: run `asv run` (or `make bench`) first, or pass --results DIR"
+        )
     results = read_results(results_dir, args.machine)
     if not results:
         raise UsageError(f"no asv result files under {results_dir}: run the benchmarks first")
@@ -179,8 +197,9 @@ def run(args) -> int:
 
         repo = Path(args.repo) if args.repo else state.project_dir() or Path.cwd()
         order = [c for c in commits_in(repo, args.range) if c in results]
-    rows = compare(results, args.kernel, args.model, args.tolerance, order, args.level, args.kernel_effect,
-                   args.exclude)
+    rows = compare(
+        results, args.kernel, args.model, args.tolerance, order, args.level, args.kernel_effect, args.exclude
+    )
     print(format_rows(rows))
     flagged = [r["commit"][:10] for r in rows if r["flag"]]
     if flagged:
@@ -192,24 +211,37 @@ def run(args) -> int:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("kernel-vs-model", help="kernel/collective figures beside decode figures, per commit",
-                       description="Read asv results per commit and flag commits where an isolated kernel got "
-                                   "faster while decode got slower.")
+    p = sub.add_parser(
+        "kernel-vs-model",
+        help="kernel/collective figures beside decode figures, per commit",
+        description="Read asv results per commit and flag commits where an isolated kernel got "
+        "faster while decode got slower.",
+    )
     p.add_argument("range", nargs="?", help="OLD..NEW to order and limit commits (default: all, by commit date)")
-    p.add_argument("--results", default=None, help="asv results_dir (default: the asv project's, from its "
-                                                    "asv.conf.json)")
+    p.add_argument(
+        "--results", default=None, help="asv results_dir (default: the asv project's, from its asv.conf.json)"
+    )
     p.add_argument("--machine", default=None, help="asv machine name (default: all)")
     p.add_argument("--repo", default=None, help="git repository for RANGE (default: the asv project)")
     p.add_argument("--kernel", default=KERNEL_RE, help=f"regex of kernel/collective figures (default {KERNEL_RE})")
     p.add_argument("--model", default=MODEL_RE, help=f"regex of decode figures (default {MODEL_RE})")
-    p.add_argument("--exclude", default=EXCLUDE_RE, help=f"regex of kernel figures left out (default {EXCLUDE_RE}: "
-                                                         f"anchors and stand-ins; '' keeps all)")
-    p.add_argument("--tolerance", type=float, default=0.03, help="smallest relative change of decode counted "
-                                                                  "(default 0.03)")
-    p.add_argument("--kernel-effect", type=float, default=KERNEL_EFFECT,
-                   help=f"a kernel counts as faster when its time fell to 1/(1+this) or less (default "
-                        f"{KERNEL_EFFECT}; a GPU's isolated figures repeat far closer: try 0.05 there)")
-    p.add_argument("--level", type=float, default=LEVEL,
-                   help=f"interval level where both commits have samples (default {LEVEL})")
+    p.add_argument(
+        "--exclude",
+        default=EXCLUDE_RE,
+        help=f"regex of kernel figures left out (default {EXCLUDE_RE}: anchors and stand-ins; '' keeps all)",
+    )
+    p.add_argument(
+        "--tolerance", type=float, default=0.03, help="smallest relative change of decode counted (default 0.03)"
+    )
+    p.add_argument(
+        "--kernel-effect",
+        type=float,
+        default=KERNEL_EFFECT,
+        help=f"a kernel counts as faster when its time fell to 1/(1+this) or less (default "
+        f"{KERNEL_EFFECT}; a GPU's isolated figures repeat far closer: try 0.05 there)",
+    )
+    p.add_argument(
+        "--level", type=float, default=LEVEL, help=f"interval level where both commits have samples (default {LEVEL})"
+    )
     p.add_argument("--json", default=None, metavar="FILE", help="write the rows as JSON ('-' for stdout)")
     p.set_defaults(func=run)

@@ -56,11 +56,13 @@ def export_patches(repo: Path, commit: str, dest: Path) -> Path:
 
 def env_prefix(python: str) -> Path:
     try:
-        out = subprocess.run([python, "-c", "import sys; print(sys.prefix)"], capture_output=True, text=True,
-                             timeout=60)
+        out = subprocess.run(
+            [python, "-c", "import sys; print(sys.prefix)"], capture_output=True, text=True, timeout=60
+        )
     except OSError as err:
-        raise UsageError(f"cannot run {python}: {err}: pass --python PATH to the interpreter of the environment") \
-            from None
+        raise UsageError(
+            f"cannot run {python}: {err}: pass --python PATH to the interpreter of the environment"
+        ) from None
     if out.returncode != 0:
         raise UsageError(f"{python} does not start: {out.stderr.strip()[-300:]}")
     return Path(out.stdout.strip())
@@ -82,8 +84,13 @@ class Walker:
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
         if token:
             env[patches.LOCK_TOKEN_ENV] = token
-        return subprocess.run([self.python, "-m", "b70bench.patches", *args, *extra], env=env,
-                              capture_output=True, text=True, timeout=3600)
+        return subprocess.run(
+            [self.python, "-m", "b70bench.patches", *args, *extra],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=3600,
+        )
 
     def restore(self, token: str | None = None) -> subprocess.CompletedProcess:
         return self.patches_cmd("restore", token=token)
@@ -91,24 +98,44 @@ class Walker:
 
 def asv_command(python: str, commit: str, asv_args: list[str]) -> list[str]:
     # --record-samples: the decode figures keep one sample per start for b70bench's verdicts (asv_plugin).
-    return [sys.executable, "-m", "asv", "run", "-E", f"existing:{python}", "--set-commit-hash", commit,
-            "--record-samples", *asv_args]
+    return [
+        sys.executable,
+        "-m",
+        "asv",
+        "run",
+        "-E",
+        f"existing:{python}",
+        "--set-commit-hash",
+        commit,
+        "--record-samples",
+        *asv_args,
+    ]
 
 
 def walk(walker: Walker, commits: list[str], asv_args: list[str], run_benchmarks=None, out=print) -> list[dict]:
     """Apply, benchmark, restore per commit; returns one row per commit. Restores on any exit."""
     run_benchmarks = run_benchmarks or (lambda cmd, env: subprocess.run(cmd, env=env, cwd=walker.repo).returncode)
     rows = []
-    with patches.env_lock(walker.env, f"b70bench revisions over {len(commits)} commits") as token, \
-            tempfile.TemporaryDirectory(prefix="b70bench-revisions-") as tmp:
+    with (
+        patches.env_lock(walker.env, f"b70bench revisions over {len(commits)} commits") as token,
+        tempfile.TemporaryDirectory(prefix="b70bench-revisions-") as tmp,
+    ):
         journal = patches.read_journal(walker.env)
         if journal is not None:  # inside the lock: a walk in progress is "in use", not "left patched"
-            raise UsageError(f"{walker.prefix} already has patches applied or half-applied "
-                             f"({', '.join(journal.get('patches', []))}): run "
-                             f"`b70bench revisions --restore --python {walker.python}` first")
+            raise UsageError(
+                f"{walker.prefix} already has patches applied or half-applied "
+                f"({', '.join(journal.get('patches', []))}): run "
+                f"`b70bench revisions --restore --python {walker.python}` first"
+            )
         for i, commit in enumerate(commits, 1):
-            row = {"commit": commit, "patch_set_hash": None, "applied": False, "asv_rc": None, "restored": False,
-                   "error": None}
+            row = {
+                "commit": commit,
+                "patch_set_hash": None,
+                "applied": False,
+                "asv_rc": None,
+                "restored": False,
+                "error": None,
+            }
             rows.append(row)
             pdir = export_patches(walker.repo, commit, Path(tmp) / commit / "patches")
             row["patch_set_hash"] = patches.load(pdir).hash
@@ -128,8 +155,10 @@ def walk(walker: Walker, commits: list[str], asv_args: list[str], run_benchmarks
                 back = walker.restore(token)
                 row["restored"] = back.returncode == 0
                 if back.returncode != 0:
-                    raise UsageError(f"restoring {walker.prefix} after {commit[:10]} failed: "
-                                     f"{back.stderr.strip()}; the walk stops here")
+                    raise UsageError(
+                        f"restoring {walker.prefix} after {commit[:10]} failed: "
+                        f"{back.stderr.strip()}; the walk stops here"
+                    )
     return rows
 
 
@@ -148,23 +177,30 @@ def run(args) -> int:
     print()
     print(f"{'commit':10}  {'patch set':16}  applied  asv  restored  error")
     for r in rows:
-        print(f"{r['commit'][:10]:10}  {r['patch_set_hash'] or '-':16}  {'yes' if r['applied'] else 'no':7}  "
-              f"{'-' if r['asv_rc'] is None else r['asv_rc']:>3}  {'yes' if r['restored'] else 'no':8}  "
-              f"{r['error'] or ''}")
+        print(
+            f"{r['commit'][:10]:10}  {r['patch_set_hash'] or '-':16}  {'yes' if r['applied'] else 'no':7}  "
+            f"{'-' if r['asv_rc'] is None else r['asv_rc']:>3}  {'yes' if r['restored'] else 'no':8}  "
+            f"{r['error'] or ''}"
+        )
     return 0 if all(r["applied"] and r["asv_rc"] == 0 for r in rows) else 1
 
 
 def register(sub) -> None:
-    p = sub.add_parser("revisions", help="walk a commit range on an existing environment (apply, asv run, restore)",
-                       description="For each commit of RANGE: apply its patches/ series to the environment of "
-                                   "--python, run `asv run -E existing:PATH --set-commit-hash SHA`, restore.")
+    p = sub.add_parser(
+        "revisions",
+        help="walk a commit range on an existing environment (apply, asv run, restore)",
+        description="For each commit of RANGE: apply its patches/ series to the environment of "
+        "--python, run `asv run -E existing:PATH --set-commit-hash SHA`, restore.",
+    )
     p.add_argument("range", nargs="?", help="OLD..NEW (oldest first, OLD excluded) or one commit")
-    p.add_argument("--python", default=None, metavar="PATH", help="interpreter of the environment to patch "
-                                                                   "(default: this one)")
-    p.add_argument("--asv-args", default="", help="extra arguments for asv run, e.g. \"--bench Decode -a repeat=3\"")
+    p.add_argument(
+        "--python", default=None, metavar="PATH", help="interpreter of the environment to patch (default: this one)"
+    )
+    p.add_argument("--asv-args", default="", help='extra arguments for asv run, e.g. "--bench Decode -a repeat=3"')
     p.add_argument("--restore", action="store_true", help="only restore the environment (after an interrupted walk)")
-    p.add_argument("--repo", default=str(ROOT), help="the git repository whose commits carry patches/ (default: "
-                                                     "this checkout)")
+    p.add_argument(
+        "--repo", default=str(ROOT), help="the git repository whose commits carry patches/ (default: this checkout)"
+    )
     p.add_argument("--site-dir", default=None, help="look for distributions only in DIR (a pip --target install)")
     p.add_argument("--prefix", default=None, help="where the environment's patch state lives (with --site-dir)")
     p.set_defaults(func=run)

@@ -18,8 +18,18 @@ from b70bench.decode import logs
 from b70bench.decode.child import RESULT_PREFIX
 from b70bench.errors import UsageError
 
-COLUMNS = ["source", "shape", "output_tok_per_s", "total_tok_per_s", "kv_cache_tokens", "cache_state", "cache_key",
-           "gate", "markers", "env_flags"]
+COLUMNS = [
+    "source",
+    "shape",
+    "output_tok_per_s",
+    "total_tok_per_s",
+    "kv_cache_tokens",
+    "cache_state",
+    "cache_key",
+    "gate",
+    "markers",
+    "env_flags",
+]
 # Throughput lines of `vllm bench throughput` and of the lab's own scripts.
 _THROUGHPUT = re.compile(r"Throughput: [\d.]+ requests/s, ([\d.]+) total tokens/s, ([\d.]+) output tokens/s")
 _RATE = r"{0}[ _]tok(?:en)?s?(?:/s|[ _]per[ _]s(?:ec)?)\s*[=:]\s*([\d.]+)|([\d.]+) {0} tok(?:en)?s?/s"
@@ -44,7 +54,7 @@ def _from_child(text: str) -> dict:
         i = line.find(RESULT_PREFIX)
         if i >= 0:
             try:
-                result = json.loads(line[i + len(RESULT_PREFIX):])
+                result = json.loads(line[i + len(RESULT_PREFIX) :])
             except ValueError:
                 result = None
     if not spec or not result or not result.get("latencies_s"):
@@ -52,15 +62,25 @@ def _from_child(text: str) -> dict:
     lat = min(result["latencies_s"])
     out = spec["batch"] * spec["output_len"]
     total = spec["batch"] * (spec["prompt_len"] + spec["output_len"])
-    return {"shape": f"p{spec['prompt_len']}n{spec['output_len']}b{spec['batch']}", "output_tok_per_s": out / lat,
-            "total_tok_per_s": total / lat, "token_sha256": result.get("token_sha256")}
+    return {
+        "shape": f"p{spec['prompt_len']}n{spec['output_len']}b{spec['batch']}",
+        "output_tok_per_s": out / lat,
+        "total_tok_per_s": total / lat,
+        "token_sha256": result.get("token_sha256"),
+    }
 
 
 def summarize_log(path: Path) -> dict:
     text = path.read_text(errors="replace")
     parsed = logs.parse(text)
-    row = {"source": str(path), "kind": "log", "shape": None, "output_tok_per_s": None, "total_tok_per_s": None,
-           **parsed}
+    row = {
+        "source": str(path),
+        "kind": "log",
+        "shape": None,
+        "output_tok_per_s": None,
+        "total_tok_per_s": None,
+        **parsed,
+    }
     if m := list(_THROUGHPUT.finditer(text)):
         row["total_tok_per_s"], row["output_tok_per_s"] = float(m[-1].group(1)), float(m[-1].group(2))
     else:
@@ -76,8 +96,9 @@ def summarize_json(path: Path) -> list[dict]:
     try:
         recs = records.read_json(path)
     except (ValueError, KeyError, TypeError) as err:
-        raise UsageError(f"{path} is not a b70bench JSON result ({type(err).__name__}): pass a file "
-                         f"written with --json") from None
+        raise UsageError(
+            f"{path} is not a b70bench JSON result ({type(err).__name__}): pass a file written with --json"
+        ) from None
     rows = []
     for i, rec in enumerate(r for r in recs if isinstance(r, dict) and r.get("suite") == "decode"):
         row = {"source": f"{path}#{i}", "kind": "json", **{k: v for k, v in rec.items() if k != "fingerprint"}}
@@ -117,8 +138,12 @@ def _table_row(row: dict) -> dict:
     keys = row.get("cache_keys") or []
     markers = (row.get("backends") or []) + (row.get("custom_op_markers") or [])
     env = row.get("env") or {}
-    return {**row, "cache_key": ",".join(k[:12] for k in keys) or None, "markers": len(markers) or None,
-            "env_flags": ",".join(f"{k}={v}" for k, v in sorted(env.items()) if not k.startswith("B70BENCH_")) or None}
+    return {
+        **row,
+        "cache_key": ",".join(k[:12] for k in keys) or None,
+        "markers": len(markers) or None,
+        "env_flags": ",".join(f"{k}={v}" for k, v in sorted(env.items()) if not k.startswith("B70BENCH_")) or None,
+    }
 
 
 def run(args) -> int:
@@ -138,9 +163,12 @@ def run(args) -> int:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("summarize", help="summarize vLLM logs and decode JSON (tok/s, KV cache, cache keys)",
-                       description="One row per vLLM log or decode record: output/total tok/s, KV-cache tokens, "
-                                   "compile-cache key and load/compile state, custom-op markers, env flags.")
+    p = sub.add_parser(
+        "summarize",
+        help="summarize vLLM logs and decode JSON (tok/s, KV cache, cache keys)",
+        description="One row per vLLM log or decode record: output/total tok/s, KV-cache tokens, "
+        "compile-cache key and load/compile state, custom-op markers, env flags.",
+    )
     p.add_argument("paths", nargs="+", metavar="PATH", help="vLLM log, b70bench JSON, or a directory of them")
     p.add_argument("-v", "--verbose", action="store_true", help="also list each source's backend/custom-op markers")
     p.add_argument("--json", metavar="FILE", default=None, help="write all fields as JSON to FILE ('-' for stdout)")

@@ -57,8 +57,7 @@ class Timing:
         }
 
 
-def measure(device: Device, fn, *, warmup: int = 5, repeat: int = 30, number: int = 1,
-            graph: bool = False) -> Timing:
+def measure(device: Device, fn, *, warmup: int = 5, repeat: int = 30, number: int = 1, graph: bool = False) -> Timing:
     """Time fn on device: warm up, then `repeat` samples of `number` calls each.
 
     graph=True captures `number` calls in a device graph and times its replays, which

@@ -146,8 +146,10 @@ def apply(original: bytes | None, fd: FileDiff) -> bytes | None:
         want = hunk.old_start - 1 + delta if old else hunk.old_start + delta
         at = _find(src, old, max(want, 0), pos)
         if at is None:
-            raise PatchError(f"{fd.path}: hunk {n} {hunk.header} does not apply "
-                             f"(its context is not in the file: patched already, or written for another version)")
+            raise PatchError(
+                f"{fd.path}: hunk {n} {hunk.header} does not apply "
+                f"(its context is not in the file: patched already, or written for another version)"
+            )
         out.extend(src[pos:at])
         out.extend(new)
         pos = at + len(old)
@@ -169,7 +171,7 @@ def _find(src: list[bytes], old: list[bytes], want: int, lo: int) -> int | None:
     dist = 0
     while want - dist >= lo or want + dist <= hi:
         for at in (want - dist, want + dist):
-            if lo <= at <= hi and src[at:at + len(old)] == old:
+            if lo <= at <= hi and src[at : at + len(old)] == old:
                 return at
         dist += 1
     return None

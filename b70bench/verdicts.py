@@ -67,8 +67,15 @@ def walk(points: list[Point], level: float = LEVEL, min_effect: float = MIN_EFFE
             continue
         ref = [s for q in segment for s in q.samples]
         r = stats.ratio_interval(ref, samples, level)
-        v = Verdict(p.commit, p.revision, [q.commit for q in segment], r.verdict(min_effect), r,
-                    stats.geomean(ref), stats.geomean(samples))
+        v = Verdict(
+            p.commit,
+            p.revision,
+            [q.commit for q in segment],
+            r.verdict(min_effect),
+            r,
+            stats.geomean(ref),
+            stats.geomean(samples),
+        )
         out.append(v)
         point = Point(p.revision, p.commit, tuple(samples))
         segment = [point] if v.named else segment + [point]
@@ -77,6 +84,8 @@ def walk(points: list[Point], level: float = LEVEL, min_effect: float = MIN_EFFE
 
 def describe(level: float = LEVEL, min_effect: float = MIN_EFFECT) -> str:
     """The rule in one sentence, for the website and the CLI."""
-    return (f"each commit's per-start samples against the pooled samples of the commits since the last named "
-            f"change: the median of all pairwise ratios (Hodges-Lehmann) with its {level:.0%} Mann-Whitney "
-            f"interval; named when the interval excludes 1 and the ratio is at least {min_effect:.0%} from 1")
+    return (
+        f"each commit's per-start samples against the pooled samples of the commits since the last named "
+        f"change: the median of all pairwise ratios (Hodges-Lehmann) with its {level:.0%} Mann-Whitney "
+        f"interval; named when the interval excludes 1 and the ratio is at least {min_effect:.0%} from 1"
+    )

@@ -27,8 +27,11 @@ class Allreduce:
         dev = select_device()
         skip_if(allreduce.unavailable_reason(dev))
         cpu = dev.backend == "cpu"
-        rows = allreduce.measure(Params(sizes=CPU_SIZES if cpu else SIZES, paths=list(PATHS),
-                                        budget_s=0.5 if cpu else None, backend=dev.backend))
+        rows = allreduce.measure(
+            Params(
+                sizes=CPU_SIZES if cpu else SIZES, paths=list(PATHS), budget_s=0.5 if cpu else None, backend=dev.backend
+            )
+        )
         return {(r["path"], r["mode"], r["size_bytes"]): r for r in rows}
 
     def setup(self, cache, path, mode, size):

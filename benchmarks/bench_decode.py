@@ -61,8 +61,14 @@ class Decode:
     def setup_cache(self):
         dev = select_device()
         skip_if(decode.unavailable_reason(dev))
-        recs = decode.measure(self.params[0], model=os.environ.get("B70BENCH_DECODE_MODEL") or None,
-                              runs=_starts(), cold=False, iterations=decode.DEFAULT_ITERATIONS, device=dev)
+        recs = decode.measure(
+            self.params[0],
+            model=os.environ.get("B70BENCH_DECODE_MODEL") or None,
+            runs=_starts(),
+            cold=False,
+            iterations=decode.DEFAULT_ITERATIONS,
+            device=dev,
+        )
         # Gate and compile-cache key come from the same starts as the speed.
         out = {}
         for shape in dict.fromkeys(r["shape"] for r in recs):

@@ -29,8 +29,9 @@ class MoeDown:
         dev = select_device()
         chosen = [v for v in os.environ.get("B70BENCH_MOE_VARIANTS", "").split(",") if v] or VARIANTS
         try:
-            rows = moe.measure(dev, chosen, tokens=tuple(self.params[1]), tps=(4,),
-                               repeat=5 if dev.backend == "cpu" else 20)
+            rows = moe.measure(
+                dev, chosen, tokens=tuple(self.params[1]), tps=(4,), repeat=5 if dev.backend == "cpu" else 20
+            )
         except UsageError as err:
             raise NotImplementedError(str(err)) from None
         return {(r["variant"], r["tokens"]): r for r in rows}

@@ -54,8 +54,15 @@ def serve(directory: Path):
 
 def browse(browser: str, url: str, out_png: Path, width: int = 1400, height: int = 900) -> str:
     """The page's DOM after its scripts ran (virtual time lets them finish), and a screenshot."""
-    base = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-            "--virtual-time-budget=15000", f"--window-size={width},{height}"]
+    base = [
+        browser,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--hide-scrollbars",
+        "--virtual-time-budget=15000",
+        f"--window-size={width},{height}",
+    ]
     dom = subprocess.run([*base, "--dump-dom", url], capture_output=True, text=True, timeout=120, check=True).stdout
     subprocess.run([*base, f"--screenshot={out_png}", url], capture_output=True, timeout=120, check=True)
     return dom

@@ -31,8 +31,14 @@ def series_for(pair: str, tmp: Path, text: str) -> Path:
     kind, _, reps = pair.partition(":")
     if kind != "work" or not reps.isdigit():
         raise SystemExit(f"bad pair {pair!r}: write noop or work:REPS")
-    return synthetic.write_series(tmp / pair.replace(":", "-"), {"work.patch": synthetic.diff(
-        text, synthetic.with_work(text, int(reps)), f"{reps} matrix products per decode step")})
+    return synthetic.write_series(
+        tmp / pair.replace(":", "-"),
+        {
+            "work.patch": synthetic.diff(
+                text, synthetic.with_work(text, int(reps)), f"{reps} matrix products per decode step"
+            )
+        },
+    )
 
 
 def main() -> int:
@@ -53,14 +59,29 @@ def main() -> int:
         for rep in range(args.repeats):
             for pair in args.pairs:
                 t0 = time.monotonic()
-                recs = compare.run_compare(walker, {"A": base, "B": dirs[pair]}, ["p128n128"], args.starts,
-                                           decode.DEFAULT_ITERATIONS, Path(tmp) / f"{pair}-{rep}", out=lambda _l: None)
+                recs = compare.run_compare(
+                    walker,
+                    {"A": base, "B": dirs[pair]},
+                    ["p128n128"],
+                    args.starts,
+                    decode.DEFAULT_ITERATIONS,
+                    Path(tmp) / f"{pair}-{rep}",
+                    out=lambda _l: None,
+                )
                 row = next(r for r in compare.analyse(recs, args.level) if r["figure"] == "s_per_output_token")
-                row.update(pair=pair, repeat=rep, wall_s=round(time.monotonic() - t0),
-                           a=decode.per_start(recs["A"]), b=decode.per_start(recs["B"]))
+                row.update(
+                    pair=pair,
+                    repeat=rep,
+                    wall_s=round(time.monotonic() - t0),
+                    a=decode.per_start(recs["A"]),
+                    b=decode.per_start(recs["B"]),
+                )
                 runs.append(row)
-                print(f"{pair:8} run {rep}: B/A {row['ratio']:.3f} [{row['lo']:.3f}, {row['hi']:.3f}] "
-                      f"{row['verdict']} ({row['wall_s']} s)", flush=True)
+                print(
+                    f"{pair:8} run {rep}: B/A {row['ratio']:.3f} [{row['lo']:.3f}, {row['hi']:.3f}] "
+                    f"{row['verdict']} ({row['wall_s']} s)",
+                    flush=True,
+                )
                 if args.json:
                     Path(args.json).write_text(json.dumps(runs, indent=2))
     print("\n| pair | runs | B/A per run | called slower | called anything but no difference |")
@@ -70,8 +91,10 @@ def main() -> int:
         ratios = ", ".join(f"{r['ratio']:.3f}" for r in mine)
         slower = sum(r["verdict"] == stats.SLOWER for r in mine)
         other = sum(r["verdict"] != stats.NO_DIFFERENCE for r in mine)
-        print(f"| {pair} | {len(mine)} | {ratios} (median {statistics.median(r['ratio'] for r in mine):.3f}) | "
-              f"{slower}/{len(mine)} | {other}/{len(mine)} |")
+        print(
+            f"| {pair} | {len(mine)} | {ratios} (median {statistics.median(r['ratio'] for r in mine):.3f}) | "
+            f"{slower}/{len(mine)} | {other}/{len(mine)} |"
+        )
     return 0
 
 

@@ -45,23 +45,60 @@ if __name__ == "__main__":
 """
 
 
-def run_latency(model: str, prompt_len: int, output_len: int, batch: int, iterations: int, max_model_len: int,
-                dtype: str, memory_fraction: float | None, cache_root: Path, log_path: Path, timeout_s: float,
-                engine_env: dict[str, str], fixed_layout: bool = False) -> dict:
+def run_latency(
+    model: str,
+    prompt_len: int,
+    output_len: int,
+    batch: int,
+    iterations: int,
+    max_model_len: int,
+    dtype: str,
+    memory_fraction: float | None,
+    cache_root: Path,
+    log_path: Path,
+    timeout_s: float,
+    engine_env: dict[str, str],
+    fixed_layout: bool = False,
+) -> dict:
     out_json = log_path.with_suffix(".json")
-    cmd = [*(runner.no_aslr_prefix() if fixed_layout else ()), sys.executable, "-c", LATENCY_MAIN, "--model", model,
-           "--input-len", str(prompt_len), "--output-len", str(output_len), "--batch-size", str(batch),
-           "--num-iters-warmup", "1", "--num-iters", str(iterations), "--output-json", str(out_json),
-           "--max-model-len", str(max_model_len), "--dtype", dtype,
-           "--skip-tokenizer-init", "--disable-detokenize", "--disable-log-stats", "--seed", "0"]
+    cmd = [
+        *(runner.no_aslr_prefix() if fixed_layout else ()),
+        sys.executable,
+        "-c",
+        LATENCY_MAIN,
+        "--model",
+        model,
+        "--input-len",
+        str(prompt_len),
+        "--output-len",
+        str(output_len),
+        "--batch-size",
+        str(batch),
+        "--num-iters-warmup",
+        "1",
+        "--num-iters",
+        str(iterations),
+        "--output-json",
+        str(out_json),
+        "--max-model-len",
+        str(max_model_len),
+        "--dtype",
+        dtype,
+        "--skip-tokenizer-init",
+        "--disable-detokenize",
+        "--disable-log-stats",
+        "--seed",
+        "0",
+    ]
     if memory_fraction is not None:
         cmd += ["--gpu-memory-utilization", str(memory_fraction)]
     env = {**engine_env, "VLLM_CACHE_ROOT": str(cache_root), "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
     with open(log_path, "w") as logf:
         logf.write(" ".join(cmd) + "\n")
         logf.flush()
-        proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True
+        )
         try:
             proc.wait(timeout=timeout_s)
         finally:
@@ -73,8 +110,11 @@ def run_latency(model: str, prompt_len: int, output_len: int, batch: int, iterat
         raise RuntimeError(f"vllm bench latency failed: {logs.failure_reason(log_path.read_text()) or proc.returncode}")
     lat = json.loads(out_json.read_text())["latencies"]
     tokens = batch * output_len
-    return {"s_per_output_token": min(lat) / tokens, "s_per_output_token_median": statistics.median(lat) / tokens,
-            "samples_s_per_output_token": [x / tokens for x in lat]}
+    return {
+        "s_per_output_token": min(lat) / tokens,
+        "s_per_output_token_median": statistics.median(lat) / tokens,
+        "samples_s_per_output_token": [x / tokens for x in lat],
+    }
 
 
 def main(argv=None) -> int:
@@ -84,8 +124,12 @@ def main(argv=None) -> int:
     ap.add_argument("--iterations", type=int, default=20)
     ap.add_argument("--model", default=None, help="default: the embedded tiny MiniMax-M2")
     ap.add_argument("--max-model-len", type=int, default=2048)
-    ap.add_argument("--memory-fraction", type=float, default=None,
-                    help="gpu_memory_utilization for both (default: the suite's CPU default KV-cache size)")
+    ap.add_argument(
+        "--memory-fraction",
+        type=float,
+        default=None,
+        help="gpu_memory_utilization for both (default: the suite's CPU default KV-cache size)",
+    )
     ap.add_argument("--temperature", type=float, default=1.0, help="suite's sampling (latency always uses 1.0)")
     ap.add_argument("--fixed-layout", action="store_true", help="ASLR off and PYTHONHASHSEED=0 for both")
     ap.add_argument("--json", default=None)
@@ -109,11 +153,21 @@ def main(argv=None) -> int:
         for which in order:
             t0 = time.time()
             if which == "suite":
-                (rec,) = suite.measure([args.shape], model=args.model, runs=1, cold=False, iterations=args.iterations,
-                                       max_model_len=args.max_model_len, memory_fraction=memory_fraction,
-                                       cache_root=cache_root, out_dir=work / f"suite{pair}", dtype=dtype,
-                                       temperature=args.temperature, gate_check=False,
-                                       fixed_layout=args.fixed_layout)
+                (rec,) = suite.measure(
+                    [args.shape],
+                    model=args.model,
+                    runs=1,
+                    cold=False,
+                    iterations=args.iterations,
+                    max_model_len=args.max_model_len,
+                    memory_fraction=memory_fraction,
+                    cache_root=cache_root,
+                    out_dir=work / f"suite{pair}",
+                    dtype=dtype,
+                    temperature=args.temperature,
+                    gate_check=False,
+                    fixed_layout=args.fixed_layout,
+                )
                 if not rec["ok"]:
                     raise RuntimeError(f"suite run failed: {rec['error']}")
                 row["suite_s_per_output_token"] = rec["s_per_output_token"]
@@ -122,9 +176,21 @@ def main(argv=None) -> int:
                 row["suite_busy_before"] = rec.get("cpu_busy_share_before")
             else:
                 _, row["latency_busy_before"] = runner.settle()
-                res = run_latency(model, prompt_len, output_len, batch, args.iterations, args.max_model_len, dtype,
-                                  memory_fraction, cache_root, work / f"latency{pair}.log", args.timeout, env,
-                                  args.fixed_layout)
+                res = run_latency(
+                    model,
+                    prompt_len,
+                    output_len,
+                    batch,
+                    args.iterations,
+                    args.max_model_len,
+                    dtype,
+                    memory_fraction,
+                    cache_root,
+                    work / f"latency{pair}.log",
+                    args.timeout,
+                    env,
+                    args.fixed_layout,
+                )
                 row["latency_s_per_output_token"] = res["s_per_output_token"]
                 row["latency_s_per_output_token_median"] = res["s_per_output_token_median"]
             print(f"pair {pair} {which}: {time.time() - t0:.0f} s", file=sys.stderr, flush=True)
@@ -133,26 +199,37 @@ def main(argv=None) -> int:
         print(records.format_table([row], list(row)), flush=True)
     best_suite = min(r["suite_s_per_output_token"] for r in rows)
     best_lat = min(r["latency_s_per_output_token"] for r in rows)
-    summary = {"shape": suite.shape_name(prompt_len, output_len, batch), "pairs": len(rows),
-               "iterations": args.iterations, "suite_temperature": args.temperature,
-               "suite_s_per_output_token_min": best_suite, "latency_s_per_output_token_min": best_lat,
-               "diff_pct": 100 * (best_suite / best_lat - 1),
-               "pair_diff_pct": [round(r["diff_pct"], 2) for r in rows],
-               # Mean over pairs: with as many suite-first as latency-first pairs, an order effect cancels.
-               "order_balanced_diff_pct": statistics.mean(r["diff_pct"] for r in rows),
-               "pairs_within_3pct": sum(abs(r["diff_pct"]) <= 3 for r in rows),
-               # Where the per-pair difference's median lies (95%, distribution-free; None below 6 pairs):
-               # the statement "the two agree within 3%" needs this interval inside [-3, 3].
-               "pair_diff_pct_median": statistics.median(r["diff_pct"] for r in rows),
-               "pair_diff_pct_median_ci95": median_ci([r["diff_pct"] for r in rows]),
-               "memory_fraction": memory_fraction, "engine_env": engine_vars,
-               "aslr_off": args.fixed_layout and bool(runner.no_aslr_prefix()), "work_dir": str(work)}
+    summary = {
+        "shape": suite.shape_name(prompt_len, output_len, batch),
+        "pairs": len(rows),
+        "iterations": args.iterations,
+        "suite_temperature": args.temperature,
+        "suite_s_per_output_token_min": best_suite,
+        "latency_s_per_output_token_min": best_lat,
+        "diff_pct": 100 * (best_suite / best_lat - 1),
+        "pair_diff_pct": [round(r["diff_pct"], 2) for r in rows],
+        # Mean over pairs: with as many suite-first as latency-first pairs, an order effect cancels.
+        "order_balanced_diff_pct": statistics.mean(r["diff_pct"] for r in rows),
+        "pairs_within_3pct": sum(abs(r["diff_pct"]) <= 3 for r in rows),
+        # Where the per-pair difference's median lies (95%, distribution-free; None below 6 pairs):
+        # the statement "the two agree within 3%" needs this interval inside [-3, 3].
+        "pair_diff_pct_median": statistics.median(r["diff_pct"] for r in rows),
+        "pair_diff_pct_median_ci95": median_ci([r["diff_pct"] for r in rows]),
+        "memory_fraction": memory_fraction,
+        "engine_env": engine_vars,
+        "aslr_off": args.fixed_layout and bool(runner.no_aslr_prefix()),
+        "work_dir": str(work),
+    }
     print()
     print(records.format_table(rows, list(rows[0])))
     print(json.dumps(summary, indent=1))
     if args.json:
-        records.write_json(args.json, rows, summary=summary,
-                           command=" ".join(["python", "scripts/decode_vs_latency.py", *(argv or sys.argv[1:])]))
+        records.write_json(
+            args.json,
+            rows,
+            summary=summary,
+            command=" ".join(["python", "scripts/decode_vs_latency.py", *(argv or sys.argv[1:])]),
+        )
     return 0
 
 

@@ -71,8 +71,9 @@ def compile_sm90(fn, args, kwargs):
     binder = create_function_from_signature(fn.signature, fn.params, BACKEND)
     bound, specialization, options = binder(*args, **kwargs)
     options, signature, constexprs, attrs = fn._pack_args(BACKEND, kwargs, bound, specialization, options)
-    key = repr((fn.__name__, signature, sorted(constexprs.items()), sorted(attrs.items()),
-                sorted(options.__dict__.items())))
+    key = repr(
+        (fn.__name__, signature, sorted(constexprs.items()), sorted(attrs.items()), sorted(options.__dict__.items()))
+    )
     if key not in _compiled:
         src = ASTSource(fn, signature, constexprs, attrs)
         _compiled[key] = triton.compile(src, target=TARGET, options=options.__dict__)
@@ -85,8 +86,9 @@ def sass_sha(compiled) -> tuple[str, int]:
     with tempfile.TemporaryDirectory() as tmp:
         cubin = Path(tmp) / "k.cubin"
         cubin.write_bytes(compiled.asm["cubin"])
-        sass = subprocess.run([str(TOOLS / "cuobjdump"), "-sass", str(cubin)], capture_output=True, text=True,
-                              timeout=300, check=True).stdout
+        sass = subprocess.run(
+            [str(TOOLS / "cuobjdump"), "-sass", str(cubin)], capture_output=True, text=True, timeout=300, check=True
+        ).stdout
     ops = [line.strip() for line in sass.splitlines() if INSTRUCTION.search(line)]
     kept = [line.strip() for line in sass.splitlines() if line.strip().startswith("Function :")] + ops
     kept.append(f"shared {compiled.metadata.shared}")
@@ -100,6 +102,7 @@ def main() -> int:
     as_on_an_h200()
     launched = []
     for fn in (kernels._moe_down_vec, kernels._moe_down_dot, kernels._moe_down_wide, kernels._moe_sum):
+
         def run(*args, grid, warmup, _fn=fn, **kwargs):
             compiled = compile_sm90(_fn, args, kwargs)
             if not warmup:
@@ -113,8 +116,11 @@ def main() -> int:
         for tp in TPS:
             k = shape.k(tp)
             # prepare() reads only the weights' layout (one expert is as good as 256: no kernel runs)
-            w = shapes.Weights(torch.zeros((1, k // 8, shape.hidden), dtype=torch.int32),
-                               torch.zeros((1, k // shape.group, shape.hidden), dtype=dtype), shape.group)
+            w = shapes.Weights(
+                torch.zeros((1, k // 8, shape.hidden), dtype=torch.int32),
+                torch.zeros((1, k // shape.group, shape.hidden), dtype=dtype),
+                shape.group,
+            )
             for tokens in TOKENS:
                 batch = shapes.random_batch(shape, k, tokens, dtype, torch.device("cpu"), 1000 * tp + tokens)
                 out = torch.empty((tokens, shape.hidden), dtype=dtype)
@@ -122,8 +128,11 @@ def main() -> int:
                 v.prepare(w, batch, out)()
                 for i, (name, compiled) in enumerate(launched):
                     sha, ops = sass_sha(compiled)
-                    print(f"{sha} {ops:>5} ops {name:<14} {v.name:<12} tp{tp} tokens {tokens:<3} launch {i} "
-                          f"{v.label(w, batch)}", flush=True)
+                    print(
+                        f"{sha} {ops:>5} ops {name:<14} {v.name:<12} tp{tp} tokens {tokens:<3} launch {i} "
+                        f"{v.label(w, batch)}",
+                        flush=True,
+                    )
     return 0
 
 

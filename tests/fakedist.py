@@ -51,8 +51,9 @@ def build_wheel(out: Path, name: str = "fakevllm", version: str = "0.32.0") -> P
     }
     info = f"{name}-{version}.dist-info"
     files[f"{info}/METADATA"] = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode()
-    files[f"{info}/WHEEL"] = (b"Wheel-Version: 1.0\nGenerator: b70bench-tests\n"
-                              b"Root-Is-Purelib: true\nTag: py3-none-any\n")
+    files[f"{info}/WHEEL"] = (
+        b"Wheel-Version: 1.0\nGenerator: b70bench-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+    )
     record = "".join(f"{p},{_digest(d)},{len(d)}\n" for p, d in files.items()) + f"{info}/RECORD,,\n"
     files[f"{info}/RECORD"] = record.encode()
     wheel = out / f"{name}-{version}-py3-none-any.whl"
@@ -65,8 +66,25 @@ def build_wheel(out: Path, name: str = "fakevllm", version: str = "0.32.0") -> P
 def install(wheel: Path, site: Path) -> Path:
     # --compile and a bytecode-writing environment, so RECORD lists .pyc files as pip usually writes them.
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--compile", "--no-deps", "--no-index",
-                    "--no-warn-script-location", "--target", str(site), str(wheel)], check=True, timeout=120, env=env)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--compile",
+            "--no-deps",
+            "--no-index",
+            "--no-warn-script-location",
+            "--target",
+            str(site),
+            str(wheel),
+        ],
+        check=True,
+        timeout=120,
+        env=env,
+    )
     return site
 
 
@@ -80,13 +98,13 @@ def model_path(site: Path, name: str = "fakevllm") -> Path:
     return site / name / "models" / "minimax_m2.py"
 
 
-def write_patch(directory: Path, name: str, target: str, old: str, new: str, path: str,
-                series: bool = True) -> Path:
+def write_patch(directory: Path, name: str, target: str, old: str, new: str, path: str, series: bool = True) -> Path:
     """A patch named name whose diff turns old into new at path, headed by a target line."""
     import difflib
 
-    diff = difflib.unified_diff(old.splitlines(keepends=True), new.splitlines(keepends=True),
-                                fromfile=f"a/{path}", tofile=f"b/{path}")
+    diff = difflib.unified_diff(
+        old.splitlines(keepends=True), new.splitlines(keepends=True), fromfile=f"a/{path}", tofile=f"b/{path}"
+    )
     directory.mkdir(parents=True, exist_ok=True)
     p = directory / name
     p.write_text(f"test patch {name}\n\nB70bench-Target: {target}\n\n" + "".join(diff))

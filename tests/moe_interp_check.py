@@ -44,23 +44,68 @@ cases = [
     ("bf16", 3, C(block_m=2, block_n=32, block_k=64, packed=True, paired=True, prefetch=True, pdl=True, early=True)),
     ("fp16", 1, C(block_m=1, block_n=64, block_k=64, prefetch=True)),
     # the in-kernel sum with pdl (the main kernel lets the next kernel launch under it)
-    ("bf16", 3, C(block_m=1, block_n=32, block_k=64, fused_reduce=True, packed=True, paired=True, prefetch=True,
-                  pdl=True, early=True)),
+    (
+        "bf16",
+        3,
+        C(
+            block_m=1,
+            block_n=32,
+            block_k=64,
+            fused_reduce=True,
+            packed=True,
+            paired=True,
+            prefetch=True,
+            pdl=True,
+            early=True,
+        ),
+    ),
     # mixed: 2-pair blocks of one expert's pairs of pairs, then the single pairs in a second launch
-    ("bf16", 9, C(block_m=2, block_n=32, block_k=512, packed=True, paired=True, pdl=True, early=True,
-                  odd_pairs=C(block_m=1, block_n=64, block_k=128, packed=True, paired=True, prefetch=True, pdl=True,
-                            early=True))),
+    (
+        "bf16",
+        9,
+        C(
+            block_m=2,
+            block_n=32,
+            block_k=512,
+            packed=True,
+            paired=True,
+            pdl=True,
+            early=True,
+            odd_pairs=C(
+                block_m=1, block_n=64, block_k=128, packed=True, paired=True, prefetch=True, pdl=True, early=True
+            ),
+        ),
+    ),
     # -dq: the first K-block dequantized before the wait, later ones as usual (with and without prefetch)
-    ("bf16", 3, C(block_m=2, block_n=32, block_k=64, packed=True, paired=True, prefetch=True, pdl=True, early=True,
-                  dequant_early=True)),
+    (
+        "bf16",
+        3,
+        C(
+            block_m=2,
+            block_n=32,
+            block_k=64,
+            packed=True,
+            paired=True,
+            prefetch=True,
+            pdl=True,
+            early=True,
+            dequant_early=True,
+        ),
+    ),
     ("fp16", 1, C(block_m=1, block_n=32, block_k=512, packed=True, paired=True, early=True, dequant_early=True)),
-    ("fp16", 3, C(block_m=1, block_n=16, block_k=64, split_k=2, packed=True, paired=True, early=True,
-                  dequant_early=True)),
+    (
+        "fp16",
+        3,
+        C(block_m=1, block_n=16, block_k=64, split_k=2, packed=True, paired=True, early=True, dequant_early=True),
+    ),
     # -2r: two word rows of one scale group per 16-bit sum; a block deeper than K, 2-pair blocks with prefetch,
     # and a split (64) shorter than the group, whose partner rows past the split must add nothing
     ("bf16", 1, C(block_m=1, block_n=16, block_k=512, packed=True, paired=True, pdl=True, early=True, two_rows=True)),
-    ("fp16", 3, C(block_m=2, block_n=32, block_k=128, split_k=2, packed=True, paired=True, prefetch=True,
-                  two_rows=True)),
+    (
+        "fp16",
+        3,
+        C(block_m=2, block_n=32, block_k=128, split_k=2, packed=True, paired=True, prefetch=True, two_rows=True),
+    ),
     ("bf16", 3, C(block_m=1, block_n=32, block_k=128, split_k=4, packed=True, paired=True, two_rows=True)),
     # scale groups of 64 (GROUP64 below): -2r partners 4 word rows apart; htile with 16+ pairs per expert, which
     # cannot take dot blocks there, on 2-pair blocks

@@ -11,8 +11,19 @@ from b70bench.comm.params import KIB, MIB, Params
 from b70bench.errors import UsageError
 
 
-@pytest.mark.parametrize("text,expected", [("8", 8), ("6K", 6144), ("6KiB", 6144), ("1M", MIB), ("256MiB", 256 * MIB),
-                                           ("1G", 1 << 30), ("0.5K", 512), ("12b", 12)])
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("8", 8),
+        ("6K", 6144),
+        ("6KiB", 6144),
+        ("1M", MIB),
+        ("256MiB", 256 * MIB),
+        ("1G", 1 << 30),
+        ("0.5K", 512),
+        ("12b", 12),
+    ],
+)
 def test_parse_size(text, expected):
     assert params.parse_size(text) == expected
 
@@ -54,9 +65,17 @@ def test_count_and_element_size():
         Params(sizes=[7]).validate()
 
 
-@pytest.mark.parametrize("kw,match", [({"dtype": "int8"}, "dtype"), ({"modes": ["copy"]}, "mode"),
-                                      ({"paths": ["mpi"]}, "path"), ({"world_size": 0}, "below 1"),
-                                      ({"iters": 0}, "iters"), ({"sizes": [0]}, "not positive")])
+@pytest.mark.parametrize(
+    "kw,match",
+    [
+        ({"dtype": "int8"}, "dtype"),
+        ({"modes": ["copy"]}, "mode"),
+        ({"paths": ["mpi"]}, "path"),
+        ({"world_size": 0}, "below 1"),
+        ({"iters": 0}, "iters"),
+        ({"sizes": [0]}, "not positive"),
+    ],
+)
 def test_params_reject(kw, match):
     with pytest.raises(UsageError, match=match):
         Params(**kw).validate()
@@ -108,8 +127,9 @@ def test_fault_spec():
 def test_rank_env_readers():
     assert launch.rank_env({}) is None
     assert launch.rank_env({"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "1"}) == (3, 8, 1)
-    assert launch.rank_env({"OMPI_COMM_WORLD_RANK": "5", "OMPI_COMM_WORLD_SIZE": "16",
-                            "OMPI_COMM_WORLD_LOCAL_RANK": "1"}) == (5, 16, 1)
+    assert launch.rank_env(
+        {"OMPI_COMM_WORLD_RANK": "5", "OMPI_COMM_WORLD_SIZE": "16", "OMPI_COMM_WORLD_LOCAL_RANK": "1"}
+    ) == (5, 16, 1)
     assert launch.rank_env({"PMI_RANK": "2", "PMI_SIZE": "4"}) == (2, 4, 2)
 
 
@@ -137,9 +157,16 @@ def test_graph_on_cpu_is_usage_error():
         allreduce.prepare(Params(backend="gloo", graph=True))
 
 
-@pytest.mark.parametrize("argv,match", [(["--sizes", "7"], "multiple of 2"), (["--dtype", "fp8"], "dtype"),
-                                        (["--world-size", "0"], "below 1"), (["--modes", "inplace"], "mode"),
-                                        (["--sizes", "8", "--sweep", "8:16"], "not both")])
+@pytest.mark.parametrize(
+    "argv,match",
+    [
+        (["--sizes", "7"], "multiple of 2"),
+        (["--dtype", "fp8"], "dtype"),
+        (["--world-size", "0"], "below 1"),
+        (["--modes", "inplace"], "mode"),
+        (["--sizes", "8", "--sweep", "8:16"], "not both"),
+    ],
+)
 def test_cli_errors_exit_2(argv, match, capsys):
     assert cli.main(["allreduce", "--backend", "cpu", *argv]) == 2
     assert re_search(match, capsys.readouterr().err)
@@ -152,9 +179,11 @@ def re_search(pattern, text):
 
 
 def test_finish_computes_tax():
-    rows = [{"size_bytes": 8, "path": "c10d", "mode": "in-place", "time_us": 10.0, "latency_us": 20.0},
-            {"size_bytes": 8, "path": "c10d", "mode": "clone", "time_us": 15.5, "latency_us": 21.0},
-            {"size_bytes": 8, "path": "raw", "mode": "clone", "skipped": "no CuPy"}]
+    rows = [
+        {"size_bytes": 8, "path": "c10d", "mode": "in-place", "time_us": 10.0, "latency_us": 20.0},
+        {"size_bytes": 8, "path": "c10d", "mode": "clone", "time_us": 15.5, "latency_us": 21.0},
+        {"size_bytes": 8, "path": "raw", "mode": "clone", "skipped": "no CuPy"},
+    ]
     out = worker.finish(rows, worker.devmod.Device("cpu"), "gloo", None)
     assert [r.get("tax_us") for r in out] == [0.0, 5.5, None]
     assert out[1]["latency_tax_us"] == 1.0

@@ -32,10 +32,32 @@ def test_median_ci_is_the_narrowest_order_statistic_pair_with_95_percent(n):
 def test_summarize_per_round_ratio_order_split_and_skips():
     rounds = []
     for i, (a, b) in enumerate([(10, 10.2), (20, 21), (10, 9.9), (10, 10.4), (30, 29.7)]):
-        rounds.append(dict(round=i, order="AB" if i % 2 == 0 else "BA", graph=False, size_bytes=8, mode="clone",
-                           a_us=a, b_us=b, skipped=None, wrong=0))
-    rounds.append(dict(round=0, order="AB", graph=True, size_bytes=8, mode="clone", a_us=7.0, b_us=None,
-                       skipped="graph capture failed: X", wrong=None))
+        rounds.append(
+            dict(
+                round=i,
+                order="AB" if i % 2 == 0 else "BA",
+                graph=False,
+                size_bytes=8,
+                mode="clone",
+                a_us=a,
+                b_us=b,
+                skipped=None,
+                wrong=0,
+            )
+        )
+    rounds.append(
+        dict(
+            round=0,
+            order="AB",
+            graph=True,
+            size_bytes=8,
+            mode="clone",
+            a_us=7.0,
+            b_us=None,
+            skipped="graph capture failed: X",
+            wrong=None,
+        )
+    )
     eager, graph = abab.summarize(rounds)
     ratios = [1.02, 1.05, 0.99, 1.04, 0.99]
     assert eager["rounds"] == 5 and eager["ratio"] == pytest.approx(1.02)

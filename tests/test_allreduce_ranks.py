@@ -41,8 +41,9 @@ def test_two_ranks_every_mode_sums_right():
 
 
 def test_bf16_fp32_and_raw_skipped_with_reason():
-    rows = allreduce.measure(Params(sizes=[8], modes=["in-place", "clone"], dtype="bf16", paths=["c10d", "raw"],
-                                    **FAST))
+    rows = allreduce.measure(
+        Params(sizes=[8], modes=["in-place", "clone"], dtype="bf16", paths=["c10d", "raw"], **FAST)
+    )
     assert [r["wrong"] for r in rows if r["path"] == "c10d"] == [0, 0]
     raw = [r for r in rows if r["path"] == "raw"]
     assert len(raw) == 2 and all("CUDA" in r["skipped"] and "time_us" not in r for r in raw)
@@ -50,9 +51,14 @@ def test_bf16_fp32_and_raw_skipped_with_reason():
     assert rows[0]["wrong"] == 0 and rows[0]["world_size"] == 3 and rows[0]["count"] == 1024
 
 
-@pytest.mark.parametrize("fault,words,limit_s", [("rank1:die", "rank 1 died (exit code 3)", 30),
-                                                 ("rank1:hang", "rank 1 hung", 40),
-                                                 ("rank1:hang@teardown", "rank 1 hung at 'teardown'", 40)])
+@pytest.mark.parametrize(
+    "fault,words,limit_s",
+    [
+        ("rank1:die", "rank 1 died (exit code 3)", 30),
+        ("rank1:hang", "rank 1 hung", 40),
+        ("rank1:hang@teardown", "rank 1 hung at 'teardown'", 40),
+    ],
+)
 def test_fault_names_rank_within_timeout_and_leaves_no_process(monkeypatch, fault, words, limit_s):
     monkeypatch.setenv("B70BENCH_FAULT", fault)
     t0 = time.monotonic()
@@ -69,9 +75,33 @@ def test_fault_names_rank_within_timeout_and_leaves_no_process(monkeypatch, faul
 
 def test_cli_prints_table_and_json(tmp_path):
     out = tmp_path / "ar.json"
-    proc = subprocess.run([sys.executable, "-m", "b70bench", "allreduce", "--backend", "gloo", "--sizes", "8", "1K",
-                           "--modes", "in-place,clone", "--iters", "5", "--repeat", "3", "--budget-s", "0.2",
-                           "--json", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "b70bench",
+            "allreduce",
+            "--backend",
+            "gloo",
+            "--sizes",
+            "8",
+            "1K",
+            "--modes",
+            "in-place,clone",
+            "--iters",
+            "5",
+            "--repeat",
+            "3",
+            "--budget-s",
+            "0.2",
+            "--json",
+            str(out),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "busbw_gbps" in proc.stdout and "tax_us" in proc.stdout
     assert allreduce.records.read_json(out)[1]["mode"] == "clone"
@@ -79,11 +109,40 @@ def test_cli_prints_table_and_json(tmp_path):
 
 def test_same_entry_point_runs_under_torchrun():
     env = {**os.environ, "PYTHONPATH": str(ROOT), "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                           "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
-                           "-m", "b70bench.allreduce", "--backend", "gloo", "--sizes", "8", "--modes", "in-place",
-                           "--iters", "5", "--repeat", "3", "--budget-s", "0.2", "--timeout", "60"],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            "2",
+            "--master-addr",
+            "127.0.0.1",
+            "--master-port",
+            str(free_port()),
+            "-m",
+            "b70bench.allreduce",
+            "--backend",
+            "gloo",
+            "--sizes",
+            "8",
+            "--modes",
+            "in-place",
+            "--iters",
+            "5",
+            "--repeat",
+            "3",
+            "--budget-s",
+            "0.2",
+            "--timeout",
+            "60",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     lines = [ln for ln in proc.stdout.splitlines() if ln.strip().startswith("8 ")]
     assert len(lines) == 1 and lines[0].split()[-1] == "0"  # one table (rank 0's), wrong == 0

@@ -15,8 +15,9 @@ FAST = dict(backend="gloo", world_size=2, iters=5, repeat=3, warmup=1, budget_s=
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs vLLM (pip install '.[cpu]')")
 def test_vllm_rows_beside_c10d_name_the_communicator_and_sum_right():
-    rows = allreduce.measure(Params(sizes=[8, 6144, 65536], modes=["in-place", "clone"], dtype="bf16",
-                                    paths=["c10d", "vllm"], **FAST))
+    rows = allreduce.measure(
+        Params(sizes=[8, 6144, 65536], modes=["in-place", "clone"], dtype="bf16", paths=["c10d", "vllm"], **FAST)
+    )
     by = {(r["path"], r["mode"], r["size_bytes"]): r for r in rows}
     for size in (8, 6144, 65536):
         mine, c10d = by[("vllm", "in-place", size)], by[("c10d", "in-place", size)]

@@ -18,27 +18,72 @@ from pathlib import Path
 from gitrepo import git
 from test_verdicts import START_CV
 
-COLS = ["result", "params", "version", "started_at", "duration", "stats_ci_99_a", "stats_ci_99_b", "stats_q_25",
-        "stats_q_75", "stats_number", "stats_repeat", "samples", "profile"]
+COLS = [
+    "result",
+    "params",
+    "version",
+    "started_at",
+    "duration",
+    "stats_ci_99_a",
+    "stats_ci_99_b",
+    "stats_q_25",
+    "stats_q_75",
+    "stats_number",
+    "stats_repeat",
+    "samples",
+    "profile",
+]
 SECONDS = "bench_decode.Decode.track_s_per_output_token"
 RATE = "bench_decode.Decode.track_output_tok_per_s"
 KEY = "bench_decode.Decode.track_aot_key_differs_from_pin"
 
 
 def bench(name: str, unit: str) -> dict:
-    return {"name": name, "type": "track", "unit": unit, "param_names": ["shape"], "params": [["'p128n128b1'"]],
-            "version": "4", "timeout": 60, "code": "", "setup_cache_key": "bench_decode:1"}
+    return {
+        "name": name,
+        "type": "track",
+        "unit": unit,
+        "param_names": ["shape"],
+        "params": [["'p128n128b1'"]],
+        "version": "4",
+        "timeout": 60,
+        "code": "",
+        "setup_cache_key": "bench_decode:1",
+    }
 
 
 def write_result(d: Path, commit: str, date: int, samples: list[float], key: float, record_samples=True) -> None:
     med = sorted(samples)[len(samples) // 2]
-    row = lambda value, s: [[value], [["'p128n128b1'"]], "4", date, 1.0, [value * 0.99], [value * 1.01],  # noqa: E731
-                            [value], [value], [1], [len(s) if s else 1], [s] if s else None]
-    data = {"commit_hash": commit, "env_name": "virtualenv-py3.11", "date": date, "version": 2,
-            "params": {"machine": "box", "python": "3.11"}, "python": "3.11", "requirements": {}, "env_vars": {},
-            "result_columns": COLS,
-            "results": {SECONDS: row(med, samples if record_samples else None), RATE: row(128 / (med * 128), None),
-                        KEY: row(key, None)}}
+    row = lambda value, s: [
+        [value],
+        [["'p128n128b1'"]],
+        "4",
+        date,
+        1.0,
+        [value * 0.99],
+        [value * 1.01],  # noqa: E731
+        [value],
+        [value],
+        [1],
+        [len(s) if s else 1],
+        [s] if s else None,
+    ]
+    data = {
+        "commit_hash": commit,
+        "env_name": "virtualenv-py3.11",
+        "date": date,
+        "version": 2,
+        "params": {"machine": "box", "python": "3.11"},
+        "python": "3.11",
+        "requirements": {},
+        "env_vars": {},
+        "result_columns": COLS,
+        "results": {
+            SECONDS: row(med, samples if record_samples else None),
+            RATE: row(128 / (med * 128), None),
+            KEY: row(key, None),
+        },
+    }
     (d / f"{commit[:8]}-virtualenv-py3.11.json").write_text(json.dumps(data))
 
 
@@ -58,25 +103,43 @@ def project(tmp_path, levels, record_samples=True, interfered=None):
     results = tmp_path / "results"
     (results / "box").mkdir(parents=True)
     (results / "box" / "machine.json").write_text(json.dumps({"machine": "box", "version": 1}))
-    (results / "benchmarks.json").write_text(json.dumps(
-        {SECONDS: bench(SECONDS, "seconds"), RATE: bench(RATE, "tok/s"), KEY: bench(KEY, "changed"), "version": 2}))
+    (results / "benchmarks.json").write_text(
+        json.dumps(
+            {SECONDS: bench(SECONDS, "seconds"), RATE: bench(RATE, "tok/s"), KEY: bench(KEY, "changed"), "version": 2}
+        )
+    )
     rng = random.Random(2)
     for i, c in enumerate(commits):
         samples = [levels[i] * 1e-3 * math.exp(rng.gauss(0, START_CV)) for _ in range(8)]
         if i == interfered:
             samples[3] *= 12  # a start another process took: must not name this commit
         write_result(results / "box", c, 1_000 + i, samples, 1.0 if i >= 3 else 0.0, record_samples)
-    conf = {"version": 1, "project": "t", "project_url": "", "repo": str(repo), "branches": ["main"], "dvcs": "git",
-            "environment_type": "virtualenv", "results_dir": str(results), "html_dir": str(tmp_path / "html"),
-            "plugins": [".b70bench.asv_plugin"], "b70bench_verdicts": {"level": 0.99, "min_effect": 0.02}}
+    conf = {
+        "version": 1,
+        "project": "t",
+        "project_url": "",
+        "repo": str(repo),
+        "branches": ["main"],
+        "dvcs": "git",
+        "environment_type": "virtualenv",
+        "results_dir": str(results),
+        "html_dir": str(tmp_path / "html"),
+        "plugins": [".b70bench.asv_plugin"],
+        "b70bench_verdicts": {"level": 0.99, "min_effect": 0.02},
+    }
     (tmp_path / "asv.conf.json").write_text(json.dumps(conf))
     publish(tmp_path)
     return tmp_path / "html", commits
 
 
 def publish(tmp_path) -> subprocess.CompletedProcess:
-    done = subprocess.run([sys.executable, "-m", "asv", "publish", "--config", str(tmp_path / "asv.conf.json")],
-                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    done = subprocess.run(
+        [sys.executable, "-m", "asv", "publish", "--config", str(tmp_path / "asv.conf.json")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     return done
 
@@ -86,7 +149,8 @@ def named_commits(html: Path) -> dict[str, set[str]]:
     rev_to_hash = {int(k): v for k, v in index["revision_to_hash"].items()}
     named = {}
     for name, _path, _params, _j, _last, _best, jumps in json.loads((html / "regressions.json").read_text())[
-            "regressions"]:
+        "regressions"
+    ]:
         named.setdefault(name.split("(")[0], set()).update(rev_to_hash[bad] for _good, bad, _b, _a in jumps)
     return named
 

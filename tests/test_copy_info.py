@@ -22,16 +22,30 @@ def test_copy_rejects_bad_size():
 
 def test_fingerprint_has_the_fields_records_rely_on():
     fp = fingerprint.fingerprint(device.select("cpu"))
-    for key in ("device", "device_count", "driver", "torch", "vllm", "triton", "collective_backend",
-                "commit", "patch_set_hash", "date"):
+    for key in (
+        "device",
+        "device_count",
+        "driver",
+        "torch",
+        "vllm",
+        "triton",
+        "collective_backend",
+        "commit",
+        "patch_set_hash",
+        "date",
+    ):
         assert key in fp
     assert fp["backend"] == "cpu" and fp["collective_backend"] == "gloo"
 
 
 def test_info_json_lists_suites_and_anchor(tmp_path):
     out = tmp_path / "info.json"
-    proc = subprocess.run([sys.executable, "-m", "b70bench", "info", "--backend", "cpu", "--measure",
-                           "--json", str(out)], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "b70bench", "info", "--backend", "cpu", "--measure", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     data = json.loads(out.read_text())
     assert data["suites"]["copy"] == {"runs": True, "reason": None}

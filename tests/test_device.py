@@ -72,8 +72,7 @@ def test_elapsed_counts_every_call():
 def test_cli_bad_input_is_one_line_exit_2(args):
     if args[-1] == "cuda" and torch.cuda.is_available():
         pytest.skip("CUDA is present here")
-    out = subprocess.run([sys.executable, "-m", "b70bench", "info", *args],
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, "-m", "b70bench", "info", *args], capture_output=True, text=True, timeout=120)
     assert out.returncode == 2
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1, out.stderr
@@ -124,7 +123,8 @@ def test_sigterm_unwinds_so_children_are_reaped(tmp_path):
         "    ap = parser(); sub = ap._subparsers._group_actions[0]\n"
         "    sub.add_parser('hold').set_defaults(func=hold); return ap\n"
         "cli.build_parser = build\n"
-        "sys.exit(cli.main(['hold']))\n")
+        "sys.exit(cli.main(['hold']))\n"
+    )
     proc = subprocess.Popen([sys.executable, str(script)])
     deadline = time.monotonic() + 60
     while not pidfile.exists() or not pidfile.read_text():

@@ -54,12 +54,18 @@ def test_example_runs_as_written(page, line_no, line, tmp_path):
     command, _, comment = line.partition(" #")
     need = next((tag for tag in NEEDS if tag in comment), None)
     if need:
-        pytest.skip(f"{page}:{line_no} is marked \"# {need}\"")
+        pytest.skip(f'{page}:{line_no} is marked "# {need}"')
     args = shlex.split(command)[1:]
     env = dict(os.environ, B70BENCH_HOME=str(tmp_path / "home"))
     env.pop("B70BENCH_BACKEND", None)
-    run = lambda a: subprocess.run([sys.executable, "-m", "b70bench", *a], cwd=ROOT, env=env,  # noqa: E731
-                                   capture_output=True, text=True, timeout=900)
+    run = lambda a: subprocess.run(
+        [sys.executable, "-m", "b70bench", *a],
+        cwd=ROOT,
+        env=env,  # noqa: E731
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     try:
         done = run(args)
     finally:

@@ -10,15 +10,22 @@ from b70bench.errors import UsageError
 from b70bench.moe import configs, tune
 from b70bench.moe.configs import Config
 
-LABELS = ["m1n32k512s1w2st1sum-packed-paired", "m1n64k128s1w4st1fused-packed-paired-tiled-r96",
-          "m16n128k128s1w4st3fused", "m2n32k64s2w4st2sum-tiled", "m1n32k256s1w2st1sum-packed-paired-pf-pdl-early-dq",
-          "m1n32k512s1w4st1sum-packed-paired-tiled-o6-pdl-early-2r",
-          "m1n16k512s2w2st1fused-packed-paired-tiled-r64-o12-pf-pdl-early-dq-2r",
-          "m2n64k128s1w2st1sum-packed-paired-2r+m1n64k128s1w2st1sum-packed-paired-pf-2r"]
+LABELS = [
+    "m1n32k512s1w2st1sum-packed-paired",
+    "m1n64k128s1w4st1fused-packed-paired-tiled-r96",
+    "m16n128k128s1w4st3fused",
+    "m2n32k64s2w4st2sum-tiled",
+    "m1n32k256s1w2st1sum-packed-paired-pf-pdl-early-dq",
+    "m1n32k512s1w4st1sum-packed-paired-tiled-o6-pdl-early-2r",
+    "m1n16k512s2w2st1fused-packed-paired-tiled-r64-o12-pf-pdl-early-dq-2r",
+    "m2n64k128s1w2st1sum-packed-paired-2r+m1n64k128s1w2st1sum-packed-paired-pf-2r",
+]
 
 # The positional pattern labels were parsed with before the table: what they meant then they mean now.
-OLD = re.compile(r"m(\d+)n(\d+)k(\d+)s(\d+)w(\d+)st(\d+)(sum|fused)(-packed)?(-paired)?(-tiled)?(?:-r(\d+))?"
-                 r"(?:-o(\d+))?(-pf)?(-pdl)?(-early)?(-dq)?(-2r)?$")
+OLD = re.compile(
+    r"m(\d+)n(\d+)k(\d+)s(\d+)w(\d+)st(\d+)(sum|fused)(-packed)?(-paired)?(-tiled)?(?:-r(\d+))?"
+    r"(?:-o(\d+))?(-pf)?(-pdl)?(-early)?(-dq)?(-2r)?$"
+)
 
 
 def old_parse(label: str) -> Config:
@@ -26,10 +33,20 @@ def old_parse(label: str) -> Config:
         pairs, odd_pairs = label.split("+")
         return Config(**{**asdict(old_parse(pairs)), "odd_pairs": old_parse(odd_pairs)})
     g = OLD.match(label).groups()
-    return Config(*map(int, g[:6]), fused_reduce=g[6] == "fused", packed=bool(g[7]), paired=bool(g[8]),
-                  tiled=bool(g[9]), maxnreg=int(g[10] or 0), programs_per_sm=int(g[11] or 0),
-                  prefetch=bool(g[12]), pdl=bool(g[13]), early=bool(g[14]), dequant_early=bool(g[15]),
-                  two_rows=bool(g[16]))
+    return Config(
+        *map(int, g[:6]),
+        fused_reduce=g[6] == "fused",
+        packed=bool(g[7]),
+        paired=bool(g[8]),
+        tiled=bool(g[9]),
+        maxnreg=int(g[10] or 0),
+        programs_per_sm=int(g[11] or 0),
+        prefetch=bool(g[12]),
+        pdl=bool(g[13]),
+        early=bool(g[14]),
+        dequant_early=bool(g[15]),
+        two_rows=bool(g[16]),
+    )
 
 
 def test_one_table_names_every_field_once():
@@ -45,8 +62,17 @@ def test_labels_parse_as_before_and_round_trip(label):
     assert cfg.label() == label
 
 
-@pytest.mark.parametrize("label", ["m1n32", "m1n32k512s1w2st1sum-pf-packed", "m1n32k512s1w2st1sum-packedx",
-                                   "m1n32k512s1w2st1sum-r", "m1n32k512s1w2st1avg", "a+b+c"])
+@pytest.mark.parametrize(
+    "label",
+    [
+        "m1n32",
+        "m1n32k512s1w2st1sum-pf-packed",
+        "m1n32k512s1w2st1sum-packedx",
+        "m1n32k512s1w2st1sum-r",
+        "m1n32k512s1w2st1avg",
+        "a+b+c",
+    ],
+)
 def test_what_is_not_a_label_is_refused(label):
     with pytest.raises(ValueError, match="not a tiling label"):
         configs.parse_label(label)
@@ -56,11 +82,14 @@ def test_tilings_take_field_names_or_the_sweeps_json():
     label = LABELS[-1]
     cfg = configs.parse_label(label)
     one = cfg.odd_pairs
-    pairs = ("block_m=1,block_n=64,block_k=128,num_warps=2,num_stages=1,packed=true,paired=1,prefetch=True,"
-             "two_rows=yes")
+    pairs = "block_m=1,block_n=64,block_k=128,num_warps=2,num_stages=1,packed=true,paired=1,prefetch=True,two_rows=yes"
     assert tune.parse_tiling(pairs) == one
-    assert tune.parse_tiling(f"block_m=2, block_n=64, num_warps=2, num_stages=1, packed=1, paired=1, two_rows=1, "
-                             f"odd_pairs={one.label()}") == cfg
+    assert (
+        tune.parse_tiling(
+            f"block_m=2, block_n=64, num_warps=2, num_stages=1, packed=1, paired=1, two_rows=1, odd_pairs={one.label()}"
+        )
+        == cfg
+    )
     assert tune.parse_tiling(json.dumps(asdict(cfg))) == cfg  # what a sweep row stores as its `tiling`
     assert tune.parse_tiling(json.dumps({"block_m": 1, "block_n": 32, "pdl": True})) == Config(1, 32, pdl=True)
     assert tune.parse_tiling(label) == cfg
@@ -92,9 +121,10 @@ def test_cli_exits_2_on_a_bad_tiling_key(capsys):
 
 def test_tuned_file_gives_back_a_mixed_tiling(tmp_path):
     cfg = configs.parse_label(LABELS[-1])
-    rows = [dict(tp=1, tokens=16, k=1536, n=3072, config=cfg.label(), tiling=asdict(cfg), ok=True, time_us=60.0),
-            dict(tp=4, tokens=1, k=384, config="m1n32k256s1w2st1sum-packed-paired-pf-pdl-early-dq", ok=True,
-                 time_us=3.7)]
+    rows = [
+        dict(tp=1, tokens=16, k=1536, n=3072, config=cfg.label(), tiling=asdict(cfg), ok=True, time_us=60.0),
+        dict(tp=4, tokens=1, k=384, config="m1n32k256s1w2st1sum-packed-paired-pf-pdl-early-dq", ok=True, time_us=3.7),
+    ]
     path = tmp_path / "tune.json"
     path.write_text(json.dumps({"records": rows}))
     tuned = tune.load_tuned(path)

@@ -36,8 +36,10 @@ def stand_in_op():
     if llm_scaler.find_op() is not None:
         pytest.skip("a real torch.ops.moe_int4_ops is registered here")
     lib = torch.library.Library(llm_scaler.NAMESPACE, "FRAGMENT")
-    lib.define(f"{llm_scaler.DOWN_OP}(Tensor intermediates, Tensor w2_qweight_s4, Tensor w2_scales, "
-               "Tensor topk_weight, Tensor topk_idx) -> Tensor")
+    lib.define(
+        f"{llm_scaler.DOWN_OP}(Tensor intermediates, Tensor w2_qweight_s4, Tensor w2_scales, "
+        "Tensor topk_weight, Tensor topk_idx) -> Tensor"
+    )
     lib.impl(llm_scaler.DOWN_OP, _stand_in, "CPU")
     yield lib
     lib._destroy()
@@ -65,14 +67,32 @@ def test_conversion_puts_each_signed_nibble_where_the_op_reads_it():
 
 def test_llm_scaler_variant_matches_float64_through_the_stand_in(stand_in_op):
     assert variants.registry()["llm-scaler"].unavailable_reason(devmod.Device("cpu"), torch.float16) is None
-    rows = suite.measure(devmod.Device("cpu"), ["llm-scaler", "reference"], tokens=(1, 5), tps=(1,), shape=SMALL,
-                         dtype=torch.float16, repeat=2, warmup=1, anchor_gbps=10.0)
+    rows = suite.measure(
+        devmod.Device("cpu"),
+        ["llm-scaler", "reference"],
+        tokens=(1, 5),
+        tps=(1,),
+        shape=SMALL,
+        dtype=torch.float16,
+        repeat=2,
+        warmup=1,
+        anchor_gbps=10.0,
+    )
     mine = [r for r in rows if r["variant"] == "llm-scaler"]
     assert len(mine) == 2 and all(r["ok"] and r["skipped"] is None for r in mine), mine
     assert all("moe_tiny_cutlass_nmajor_int4_down" in r["config"] for r in mine)
 
 
 def test_llm_scaler_variant_refuses_bf16(stand_in_op):
-    rows = suite.measure(devmod.Device("cpu"), ["llm-scaler"], tokens=(1,), tps=(1,), shape=SMALL,
-                         dtype=torch.bfloat16, repeat=2, warmup=1, anchor_gbps=10.0)
+    rows = suite.measure(
+        devmod.Device("cpu"),
+        ["llm-scaler"],
+        tokens=(1,),
+        tps=(1,),
+        shape=SMALL,
+        dtype=torch.bfloat16,
+        repeat=2,
+        warmup=1,
+        anchor_gbps=10.0,
+    )
     assert "fp16" in rows[0]["skipped"]

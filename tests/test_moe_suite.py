@@ -17,8 +17,17 @@ CPU = devmod.Device("cpu")
 def _measure(**kw):
     kw.setdefault("variants", ["reference", "torch-int4"])
     names = kw.pop("variants")
-    return suite.measure(CPU, names, tokens=kw.pop("tokens", (1, 5)), tps=kw.pop("tps", (1,)), shape=SMALL,
-                         repeat=2, warmup=1, anchor_gbps=10.0, **kw)
+    return suite.measure(
+        CPU,
+        names,
+        tokens=kw.pop("tokens", (1, 5)),
+        tps=kw.pop("tps", (1,)),
+        shape=SMALL,
+        repeat=2,
+        warmup=1,
+        anchor_gbps=10.0,
+        **kw,
+    )
 
 
 def test_routing_is_seeded_top_k_with_normalized_weights():
@@ -36,8 +45,10 @@ def test_minimax_shards_and_roofline_bytes():
         shape.k(8)
     batch = shapes.random_batch(shape, 384, 1, torch.bfloat16, torch.device("cpu"), 0)
     # 8 experts x (384/2 x 3072 packed + 3 x 3072 bf16 scales) + 8 x 384 x 2 in + 3072 x 2 out
-    assert shapes.roofline_bytes(shape, 384, batch, torch.bfloat16) == 8 * (192 * 3072 + 3 * 3072 * 2) + 8 * 384 * 2 \
-        + 3072 * 2
+    assert (
+        shapes.roofline_bytes(shape, 384, batch, torch.bfloat16)
+        == 8 * (192 * 3072 + 3 * 3072 * 2) + 8 * 384 * 2 + 3072 * 2
+    )
 
 
 def test_reference_matches_float64_and_check_catches_wrong_output():
@@ -61,8 +72,12 @@ def test_reference_matches_float64_and_check_catches_wrong_output():
 
 def test_measure_rows_reference_and_torch_int4_on_cpu():
     rows = _measure()
-    assert [(r["variant"], r["tokens"]) for r in rows] == [("reference", 1), ("torch-int4", 1),
-                                                            ("reference", 5), ("torch-int4", 5)]
+    assert [(r["variant"], r["tokens"]) for r in rows] == [
+        ("reference", 1),
+        ("torch-int4", 1),
+        ("reference", 5),
+        ("torch-int4", 5),
+    ]
     for r in rows:
         if r["skipped"]:
             assert r["variant"] == "torch-int4"
@@ -78,13 +93,16 @@ def test_triton_skipped_on_cpu_without_interpreter(monkeypatch):
     assert all(r["skipped"] and "TRITON_INTERPRET" in r["skipped"] for r in rows)
 
 
-@pytest.mark.parametrize("kw,match", [
-    (dict(tps=(3,)), "does not split"),
-    (dict(tps=(4,)), "multiple of the scale group"),
-    (dict(tokens=(0,)), "tokens"),
-    (dict(variants=["nope"]), "unknown variant"),
-    (dict(dtype=torch.float32), "bf16 or fp16"),
-])
+@pytest.mark.parametrize(
+    "kw,match",
+    [
+        (dict(tps=(3,)), "does not split"),
+        (dict(tps=(4,)), "multiple of the scale group"),
+        (dict(tokens=(0,)), "tokens"),
+        (dict(variants=["nope"]), "unknown variant"),
+        (dict(dtype=torch.float32), "bf16 or fp16"),
+    ],
+)
 def test_bad_input_is_usage_error(kw, match):
     with pytest.raises(UsageError, match=match):
         _measure(**kw)
@@ -111,7 +129,8 @@ def test_plugin_failing_at_import_is_skipped_and_others_run(monkeypatch):
         monkeypatch,
         metadata.EntryPoint("broken", "b70bench_missing_plugin_module:variant", variants.ENTRY_POINT_GROUP),
         metadata.EntryPoint("fake", "b70bench_fake_plugin:factory", variants.ENTRY_POINT_GROUP),
-        metadata.EntryPoint("clash", "b70bench_fake_plugin:factory", variants.ENTRY_POINT_GROUP))
+        metadata.EntryPoint("clash", "b70bench_fake_plugin:factory", variants.ENTRY_POINT_GROUP),
+    )
     names = list(variants.registry())
     assert names[:4] == ["reference", "triton", "triton-htile", "torch-int4"]
     assert "broken" in names and "fake-ok" in names and "fake-ok@plugin" in names
@@ -156,9 +175,31 @@ def test_cli_json_and_exit_codes(tmp_path, capsys):
     from b70bench.cli import main
 
     out = tmp_path / "moe.json"
-    rc = main(["moe-down", "--backend", "cpu", "--variants", "reference", "--tokens", "2", "--tp", "1",
-               "--hidden", "64", "--intermediate", "256", "--experts", "8", "--topk", "2", "--repeat", "2",
-               "--json", str(out)])
+    rc = main(
+        [
+            "moe-down",
+            "--backend",
+            "cpu",
+            "--variants",
+            "reference",
+            "--tokens",
+            "2",
+            "--tp",
+            "1",
+            "--hidden",
+            "64",
+            "--intermediate",
+            "256",
+            "--experts",
+            "8",
+            "--topk",
+            "2",
+            "--repeat",
+            "2",
+            "--json",
+            str(out),
+        ]
+    )
     assert rc == 0 and out.exists() and "reference" in capsys.readouterr().out
     assert main(["moe-down", "--backend", "cpu", "--intermediate", "260", "--tp", "1"]) == 2
     assert "multiple of 8" in capsys.readouterr().err

@@ -63,19 +63,27 @@ def test_sweep_records_a_failing_tiling_and_goes_on(monkeypatch):
     monkeypatch.setattr(tune.bandwidth, "anchor_gbps", lambda dev: 1.0)
     shape = shapes.MoeShape(hidden=64, intermediate=256, experts=8, topk=2)
     tilings = [tune.parse_tiling("m1n16k128s1w4st1fused"), tune.parse_tiling("m1n32k128s1w4st1fused")]
-    rows = tune.sweep(device.Device("cpu"), shape, (1,), (1,), shapes.DTYPES["bf16"], graph=False, repeat=1,
-                      tilings=tilings)
+    rows = tune.sweep(
+        device.Device("cpu"), shape, (1,), (1,), shapes.DTYPES["bf16"], graph=False, repeat=1, tilings=tilings
+    )
     assert calls == ["m1n16k128s1w4st1fused", "m1n32k128s1w4st1fused"]
     bad = [r for r in rows if r["config"] == "m1n16k128s1w4st1fused"][0]
     assert bad["skipped"] == "failed: RuntimeError: ptxas: too many resources" and "time_us" not in bad
     assert [r for r in rows if r["config"] == "m1n32k128s1w4st1fused"][0]["time_us"] == 1.0
 
 
-@pytest.mark.parametrize("label", ["m1n32k512s1w2st1sum-packed-paired", "m1n64k128s1w4st1fused-packed-paired-tiled-r96",
-                                   "m16n128k128s1w4st3fused", "m2n32k64s2w4st2sum-tiled",
-                                   "m1n32k512s1w2st1sum-packed-paired-pf-pdl-early",
-                                   "m1n32k512s1w4st1fused-packed-paired-pf-pdl-early",
-                                   "m2n32k256s1w2st1sum-packed-paired-pdl-early+m1n64k128s1w2st1sum-packed-paired-pf-pdl-early"])
+@pytest.mark.parametrize(
+    "label",
+    [
+        "m1n32k512s1w2st1sum-packed-paired",
+        "m1n64k128s1w4st1fused-packed-paired-tiled-r96",
+        "m16n128k128s1w4st3fused",
+        "m2n32k64s2w4st2sum-tiled",
+        "m1n32k512s1w2st1sum-packed-paired-pf-pdl-early",
+        "m1n32k512s1w4st1fused-packed-paired-pf-pdl-early",
+        "m2n32k256s1w2st1sum-packed-paired-pdl-early+m1n64k128s1w2st1sum-packed-paired-pf-pdl-early",
+    ],
+)
 def test_tiling_labels_round_trip(label):
     from b70bench.moe import tune
 
@@ -109,8 +117,14 @@ def test_programmatic_dependent_launch_is_asked_for_only_where_it_exists(monkeyp
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     out = torch.empty((1, 64), dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="pdl/early: programmatic dependent launch is CUDA's"):
-        kernels.prepare(kernels.Config(block_m=1, block_n=32, block_k=256, packed=True, pdl=True), w.qweight,
-                        w.scales, w.group, batch, out)
+        kernels.prepare(
+            kernels.Config(block_m=1, block_n=32, block_k=256, packed=True, pdl=True),
+            w.qweight,
+            w.scales,
+            w.group,
+            batch,
+            out,
+        )
 
 
 def test_mixed_blocks_pair_an_experts_pairs_and_leave_the_odd_one_single():
@@ -124,7 +138,7 @@ def test_mixed_blocks_pair_an_experts_pairs_and_leave_the_odd_one_single():
     assert two.tolist() == [3, 7, 0, 2, 1, 5] and two_e.tolist() == [1, 3, 5]
     assert one.tolist() == [4, 6] and one_e.tolist() == [3, 7]
     for b, e in enumerate(two_e.tolist()):
-        assert ids.flatten()[two[2 * b: 2 * b + 2]].tolist() == [e, e]
+        assert ids.flatten()[two[2 * b : 2 * b + 2]].tolist() == [e, e]
 
 
 def test_mixed_tiling_is_a_two_pair_and_a_one_pair_tiling_that_agree():
@@ -139,23 +153,33 @@ def test_mixed_tiling_is_a_two_pair_and_a_one_pair_tiling_that_agree():
     out = torch.empty((3, 64), dtype=torch.bfloat16)
     one = kernels.Config(block_m=1, block_n=32, block_k=128)
     with pytest.raises(ValueError, match="not block_m 1 [+] 1"):
-        kernels.prepare(kernels.Config(block_m=1, block_n=32, block_k=256, odd_pairs=one), w.qweight, w.scales,
-                        w.group, batch, out)
+        kernels.prepare(
+            kernels.Config(block_m=1, block_n=32, block_k=256, odd_pairs=one), w.qweight, w.scales, w.group, batch, out
+        )
     with pytest.raises(ValueError, match="must agree on split-K"):
-        kernels.prepare(kernels.Config(block_m=2, block_n=32, block_k=256, packed=True, odd_pairs=one), w.qweight,
-                        w.scales, w.group, batch, out)
+        kernels.prepare(
+            kernels.Config(block_m=2, block_n=32, block_k=256, packed=True, odd_pairs=one),
+            w.qweight,
+            w.scales,
+            w.group,
+            batch,
+            out,
+        )
 
 
-@pytest.mark.parametrize("k,tokens,label", [
-    (1536, 1, "m1n16k512s1w2st1sum-packed-paired"),  # several K-blocks: narrow tiles, no prefetch
-    (384, 1, "m1n32k512s1w4st1sum-packed-paired-pf"),  # one (masked) K-block
-    (1536, 4, "m1n32k512s1w4st1sum-packed-paired-pf-2r"),  # 2-4 tokens over several blocks: row pairs
-    (1536, 2, "m1n32k512s1w4st1sum-packed-paired-pf-2r"),
-    # shared experts: 2-pair blocks of an expert's pairs of pairs, the odd pairs as below, both with row pairs
-    (1536, 16, "m2n64k128s1w2st1sum-packed-paired-2r+m1n64k128s1w2st1sum-packed-paired-pf-2r"),
-    (384, 4, "m1n64k128s1w2st1sum-packed-paired-pf"),
-    (384, 16, "m2n64k128s1w2st1sum-packed-paired-2r+m1n64k128s1w2st1sum-packed-paired-pf-2r"),
-])
+@pytest.mark.parametrize(
+    "k,tokens,label",
+    [
+        (1536, 1, "m1n16k512s1w2st1sum-packed-paired"),  # several K-blocks: narrow tiles, no prefetch
+        (384, 1, "m1n32k512s1w4st1sum-packed-paired-pf"),  # one (masked) K-block
+        (1536, 4, "m1n32k512s1w4st1sum-packed-paired-pf-2r"),  # 2-4 tokens over several blocks: row pairs
+        (1536, 2, "m1n32k512s1w4st1sum-packed-paired-pf-2r"),
+        # shared experts: 2-pair blocks of an expert's pairs of pairs, the odd pairs as below, both with row pairs
+        (1536, 16, "m2n64k128s1w2st1sum-packed-paired-2r+m1n64k128s1w2st1sum-packed-paired-pf-2r"),
+        (384, 4, "m1n64k128s1w2st1sum-packed-paired-pf"),
+        (384, 16, "m2n64k128s1w2st1sum-packed-paired-2r+m1n64k128s1w2st1sum-packed-paired-pf-2r"),
+    ],
+)
 def test_htile_decode_policy_follows_the_h200_sweeps(k, tokens, label):
     """The decode tilings docs/moe-down.md measured fastest (here without PDL: a CPU batch)."""
     import torch
@@ -168,14 +192,17 @@ def test_htile_decode_policy_follows_the_h200_sweeps(k, tokens, label):
     assert cfg.label() == label
 
 
-@pytest.mark.parametrize("k,tokens,label", [
-    (384, 1, "m1n32k256s1w2st1sum-packed-paired-pf-pdl-early-dq"),  # the split in two blocks, before the wait
-    (256, 1, "m1n32k256s1w2st1sum-packed-paired-pf-pdl-early-dq"),
-    # more K than fits before the wait: -2r tiles capped at the grid's share of an H200's 132 SMs (8 x 96 / 132)
-    (768, 1, "m1n32k512s1w4st1sum-packed-paired-tiled-o6-pdl-early-2r"),
-    (1536, 1, "m1n32k512s1w4st1sum-packed-paired-tiled-o6-pdl-early-2r"),
-    (384, 4, "m1n64k128s1w2st1sum-packed-paired-pf-pdl-early"),
-])
+@pytest.mark.parametrize(
+    "k,tokens,label",
+    [
+        (384, 1, "m1n32k256s1w2st1sum-packed-paired-pf-pdl-early-dq"),  # the split in two blocks, before the wait
+        (256, 1, "m1n32k256s1w2st1sum-packed-paired-pf-pdl-early-dq"),
+        # more K than fits before the wait: -2r tiles capped at the grid's share of an H200's 132 SMs (8 x 96 / 132)
+        (768, 1, "m1n32k512s1w4st1sum-packed-paired-tiled-o6-pdl-early-2r"),
+        (1536, 1, "m1n32k512s1w4st1sum-packed-paired-tiled-o6-pdl-early-2r"),
+        (384, 4, "m1n64k128s1w2st1sum-packed-paired-pf-pdl-early"),
+    ],
+)
 def test_htile_decode_policy_with_programmatic_dependent_launch(monkeypatch, k, tokens, label):
     """On Hopper+ (pdl_reason None) one token with a short split dequantizes its first block before the wait."""
     import torch
@@ -201,8 +228,14 @@ def test_dequantizing_before_the_wait_needs_paired_packed_words():
     batch = shapes.random_batch(shape, 256, 1, torch.bfloat16, torch.device("cpu"), 0)
     out = torch.empty((1, 64), dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="-dq dequantizes paired packed words"):
-        kernels.prepare(kernels.Config(block_m=1, block_n=32, block_k=256, packed=True, dequant_early=True),
-                        w.qweight, w.scales, w.group, batch, out)
+        kernels.prepare(
+            kernels.Config(block_m=1, block_n=32, block_k=256, packed=True, dequant_early=True),
+            w.qweight,
+            w.scales,
+            w.group,
+            batch,
+            out,
+        )
 
 
 def test_residency_pad_fits_n_programs_per_sm_and_not_one_more(monkeypatch):
@@ -213,8 +246,9 @@ def test_residency_pad_fits_n_programs_per_sm_and_not_one_more(monkeypatch):
     from b70bench.moe import launch as kernels
 
     sm = 233472  # an H200's shared memory per SM
-    monkeypatch.setattr(torch.cuda, "get_device_properties",
-                        lambda device: types.SimpleNamespace(shared_memory_per_multiprocessor=sm))
+    monkeypatch.setattr(
+        torch.cuda, "get_device_properties", lambda device: types.SimpleNamespace(shared_memory_per_multiprocessor=sm)
+    )
     cuda = torch.device("cuda")
     for per_sm, own in ((6, 512), (12, 256), (12, 128), (20, 0)):
         pad = kernels.residency_pad(cuda, per_sm, own)
@@ -238,10 +272,11 @@ def test_row_pairs_need_paired_words_in_whole_groups():
     w = shapes.random_weights(shape, 256, torch.bfloat16, torch.device("cpu"), 0)
     batch = shapes.random_batch(shape, 256, 1, torch.bfloat16, torch.device("cpu"), 0)
     out = torch.empty(1, 64, dtype=torch.bfloat16)
-    for cfg in (kernels.Config(block_m=1, block_n=32, block_k=256, packed=True, two_rows=True),
-                kernels.Config(block_m=1, block_n=32, block_k=64, packed=True, paired=True, two_rows=True),
-                kernels.Config(block_m=1, block_n=32, block_k=256, packed=True, paired=True, dequant_early=True,
-                               two_rows=True)):
+    for cfg in (
+        kernels.Config(block_m=1, block_n=32, block_k=256, packed=True, two_rows=True),
+        kernels.Config(block_m=1, block_n=32, block_k=64, packed=True, paired=True, two_rows=True),
+        kernels.Config(block_m=1, block_n=32, block_k=256, packed=True, paired=True, dequant_early=True, two_rows=True),
+    ):
         with pytest.raises(ValueError, match="-2r pairs the word rows of one scale group"):
             kernels.prepare(cfg, w.qweight, w.scales, w.group, batch, out)
 
@@ -266,22 +301,53 @@ def test_dq_keeps_the_first_blocks_dequantization_before_the_wait_in_sass():
         pytest.skip(f"no ptxas/cuobjdump shipped with Triton in {tools}")
     c = tune.parse_label("m1n32k256s1w2st1sum-packed-paired-pf-pdl-early-dq")
     fn = kernels._moe_down_vec
-    ptrs = {"x_ptr": "*bf16", "qw_ptr": "*i32", "sc_ptr": "*bf16", "pair_ptr": "*i32", "blk_expert_ptr": "*i32",
-            "rw_ptr": "*fp32", "part_ptr": "*fp32", "out_ptr": "*bf16", "cnt_ptr": "*i32"}
-    consts = dict(TOPK=8, GROUP=128, BLOCK_M=1, BLOCK_N=c.block_n, BLOCK_K=c.block_k, SPLIT_K=1, FUSED_REDUCE=False,
-                  ASM=True, STAGES=1, PACKED=True, HALF=False, TILED=False, PAIRED=True, PREFETCH=True, PDL=True,
-                  EARLY=True, LAUNCH=0, DQ=True, TWO_ROWS=False, PAD=0, PAD_ASM="")
+    ptrs = {
+        "x_ptr": "*bf16",
+        "qw_ptr": "*i32",
+        "sc_ptr": "*bf16",
+        "pair_ptr": "*i32",
+        "blk_expert_ptr": "*i32",
+        "rw_ptr": "*fp32",
+        "part_ptr": "*fp32",
+        "out_ptr": "*bf16",
+        "cnt_ptr": "*i32",
+    }
+    consts = dict(
+        TOPK=8,
+        GROUP=128,
+        BLOCK_M=1,
+        BLOCK_N=c.block_n,
+        BLOCK_K=c.block_k,
+        SPLIT_K=1,
+        FUSED_REDUCE=False,
+        ASM=True,
+        STAGES=1,
+        PACKED=True,
+        HALF=False,
+        TILED=False,
+        PAIRED=True,
+        PREFETCH=True,
+        PDL=True,
+        EARLY=True,
+        LAUNCH=0,
+        DQ=True,
+        TWO_ROWS=False,
+        PAD=0,
+        PAD_ASM="",
+    )
     names = fn.arg_names
     sig = {n: ptrs.get(n, "constexpr" if n in consts else "i32") for n in names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if n in ptrs or n in ("N", "K")}
     src = ASTSource(fn, sig, constexprs={(names.index(k),): v for k, v in consts.items()}, attrs=attrs)
-    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                              options=dict(num_warps=c.num_warps, num_stages=1, launch_pdl=True))
+    compiled = triton.compile(
+        src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=c.num_warps, num_stages=1, launch_pdl=True)
+    )
     with tempfile.TemporaryDirectory() as tmp:
         cubin = Path(tmp) / "k.cubin"
         cubin.write_bytes(compiled.asm["cubin"])
-        sass = subprocess.run([str(tools / "cuobjdump"), "-sass", str(cubin)], capture_output=True, text=True,
-                              timeout=120).stdout
+        sass = subprocess.run(
+            [str(tools / "cuobjdump"), "-sass", str(cubin)], capture_output=True, text=True, timeout=120
+        ).stdout
     ops = [line for line in sass.splitlines() if re.search(r"/\*[0-9a-f]{4}\*/", line)]
     wait = [i for i, op in enumerate(ops) if "ACQBULK" in op]
     assert len(wait) >= 1, "no griddepcontrol.wait (ACQBULK) in the SASS"

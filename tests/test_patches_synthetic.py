@@ -17,11 +17,14 @@ def _pristine(rel):
         pytest.skip(str(err))
 
 
-@pytest.mark.parametrize("rel, edit, marker", [
-    (synthetic.MOE_FILE, lambda t: synthetic.moe_passes(t, 3), "for _ in range(3):"),
-    (synthetic.RUNNER_FILE, lambda t: synthetic.runner_work(t, 6), "for _ in range(6):"),
-    (synthetic.COMM_FILE, synthetic.comm_clone, "output = input_.clone()"),
-])
+@pytest.mark.parametrize(
+    "rel, edit, marker",
+    [
+        (synthetic.MOE_FILE, lambda t: synthetic.moe_passes(t, 3), "for _ in range(3):"),
+        (synthetic.RUNNER_FILE, lambda t: synthetic.runner_work(t, 6), "for _ in range(6):"),
+        (synthetic.COMM_FILE, synthetic.comm_clone, "output = input_.clone()"),
+    ],
+)
 def test_patch_applies_and_parses(rel, edit, marker):
     old = _pristine(rel)
     new = edit(old)
@@ -34,13 +37,13 @@ def test_patch_applies_and_parses(rel, edit, marker):
 
 def test_moe_passes_keeps_one_call_per_pass():
     new = synthetic.moe_passes(_pristine(synthetic.MOE_FILE), 3)
-    body = new[new.index("    def apply("):new.index("class X86CPUUnquantizedExperts")]
+    body = new[new.index("    def apply(") : new.index("class X86CPUUnquantizedExperts")]
     assert body.count("cpu_fused_moe(") == 1 and "            cpu_fused_moe(" in body  # indented into the loop
 
 
 def test_runner_work_keeps_the_output_and_reaches_it():
     new = synthetic.runner_work(_pristine(synthetic.RUNNER_FILE), 2)
-    fn = new[new.index("def _moe_forward(\n"):new.index("def _moe_forward_fake(")]
+    fn = new[new.index("def _moe_forward(\n") : new.index("def _moe_forward_fake(")]
     assert "out = cast(" in fn and fn.rstrip().endswith("return out + (_acc[0, 0] < -1e30).to(out.dtype)")
 
 

@@ -11,8 +11,11 @@ from b70bench import unidiff
 
 
 def udiff(old: str, new: str, path: str = "m.py", n: int = 3) -> bytes:
-    return "".join(difflib.unified_diff(old.splitlines(keepends=True), new.splitlines(keepends=True),
-                                        fromfile=f"a/{path}", tofile=f"b/{path}", n=n)).encode()
+    return "".join(
+        difflib.unified_diff(
+            old.splitlines(keepends=True), new.splitlines(keepends=True), fromfile=f"a/{path}", tofile=f"b/{path}", n=n
+        )
+    ).encode()
 
 
 def patched(original: bytes | None, diff: bytes) -> bytes | None:
@@ -53,9 +56,9 @@ def test_offset_is_followed_but_changed_context_fails():
 
 
 def test_no_newline_at_end_of_file_both_ways():
-    diff = (b"--- a/f\n+++ b/f\n@@ -1,2 +1,2 @@\n a\n-b\n\\ No newline at end of file\n+b\n")
+    diff = b"--- a/f\n+++ b/f\n@@ -1,2 +1,2 @@\n a\n-b\n\\ No newline at end of file\n+b\n"
     assert patched(b"a\nb", diff) == b"a\nb\n"
-    back = (b"--- a/f\n+++ b/f\n@@ -1,2 +1,2 @@\n a\n-b\n+b\n\\ No newline at end of file\n")
+    back = b"--- a/f\n+++ b/f\n@@ -1,2 +1,2 @@\n a\n-b\n+b\n\\ No newline at end of file\n"
     assert patched(b"a\nb\n", back) == b"a\nb"
 
 

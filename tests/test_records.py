@@ -30,8 +30,9 @@ def test_failed_write_keeps_the_old_file(tmp_path, monkeypatch):
 
 
 def test_table_aligns_and_formats():
-    text = records.format_table([{"size": 8, "t": 1234.5678}, {"size": 268435456, "t": 0.000123, "x": None}],
-                                ["size", "t", "x"])
+    text = records.format_table(
+        [{"size": 8, "t": 1234.5678}, {"size": 268435456, "t": 0.000123, "x": None}], ["size", "t", "x"]
+    )
     lines = text.splitlines()
     assert len({len(line) for line in lines}) == 1
     assert "1235" in lines[1] and "1.23e-04" in lines[2] and lines[2].endswith("-")

@@ -58,9 +58,14 @@ def test_walk_applies_each_commits_set_and_restores(setup):
 
     def fake_asv(cmd, env):
         # What the benchmarks would see while asv runs: the commit's patched file and the state file.
-        assert cmd[-len(["--bench", "X"]):] == ["--bench", "X"] and "--set-commit-hash" in cmd
-        seen.append((cmd[cmd.index("--set-commit-hash") + 1], fakedist.model_path(site).read_text(),
-                     patches.read_state(walker.env).get("patch_set_hash")))
+        assert cmd[-len(["--bench", "X"]) :] == ["--bench", "X"] and "--set-commit-hash" in cmd
+        seen.append(
+            (
+                cmd[cmd.index("--set-commit-hash") + 1],
+                fakedist.model_path(site).read_text(),
+                patches.read_state(walker.env).get("patch_set_hash"),
+            )
+        )
         return 0
 
     rows = revisions.walk(walker, commits, ["--bench", "X"], run_benchmarks=fake_asv, out=lambda *a: None)
@@ -102,9 +107,25 @@ def test_walk_refuses_a_patched_environment_and_one_command_restores(setup, tmp_
     assert walker.patches_cmd("apply", "--dir", str(pdir)).returncode == 0  # left behind by a killed walk
     with pytest.raises(UsageError, match="revisions --restore"):
         revisions.walk(walker, [git(repo, "rev-parse", "HEAD")], [], run_benchmarks=lambda c, e: 0)
-    done = subprocess.run([sys.executable, "-m", "b70bench", "revisions", "--restore", "--python", sys.executable,
-                           "--site-dir", walker.site_dir, "--prefix", str(walker.prefix)],
-                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "b70bench",
+            "revisions",
+            "--restore",
+            "--python",
+            sys.executable,
+            "--site-dir",
+            walker.site_dir,
+            "--prefix",
+            str(walker.prefix),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
     assert done.returncode == 0, done.stderr
     assert fakedist.model_path(site).read_text() == fakedist.MODEL
 
@@ -123,8 +144,13 @@ revisions.walk(w, revisions.commits_in(Path(sys.argv[1]), "HEAD~1"), [], run_ben
 
 def test_hard_kill_mid_walk_leaves_it_restorable_and_lock_refuses_second_walk(setup):
     walker, repo, site = setup
-    proc = subprocess.Popen([sys.executable, "-c", HARD_KILL_DRIVER, str(repo), walker.site_dir, str(walker.prefix)],
-                            stdout=subprocess.PIPE, text=True, cwd=ROOT, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HARD_KILL_DRIVER, str(repo), walker.site_dir, str(walker.prefix)],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 120
         line = ""

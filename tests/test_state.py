@@ -59,18 +59,30 @@ def test_cache_key_explain_finds_records_from_a_subdirectory(tmp_path):
     for commit, key in (("1111aaaa", AOT_A), ("2222bbbb", AOT_B)):
         d = proj / "results" / "records" / "box" / commit
         d.mkdir(parents=True)
-        (d / "cachekey.json").write_text(json.dumps({"records": [{"keys": [{"kind": "aot", "key": key}],
-                                                                  "config": "tiny"}]}))
-    out = subprocess.run([sys.executable, "-m", "b70bench", "cache-key", "explain", "1111", "2222"],
-                         capture_output=True, text=True, timeout=120, cwd=proj / "benchmarks" / "deep",
-                         env=_clean_env())
+        (d / "cachekey.json").write_text(
+            json.dumps({"records": [{"keys": [{"kind": "aot", "key": key}], "config": "tiny"}]})
+        )
+    out = subprocess.run(
+        [sys.executable, "-m", "b70bench", "cache-key", "explain", "1111", "2222"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=proj / "benchmarks" / "deep",
+        env=_clean_env(),
+    )
     assert out.returncode == 0, out.stderr
     assert f"aot key: {AOT_A} -> {AOT_B}  (CHANGED)" in out.stdout
 
 
 def test_global_options_before_the_subcommand(tmp_path):
-    run = lambda *a: subprocess.run([sys.executable, "-m", "b70bench", *a], capture_output=True,  # noqa: E731
-                                    text=True, timeout=300, cwd=ROOT, env=_clean_env())
+    run = lambda *a: subprocess.run(
+        [sys.executable, "-m", "b70bench", *a],
+        capture_output=True,  # noqa: E731
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+        env=_clean_env(),
+    )
     ok = run("--backend", "cpu", "info", "--json", str(tmp_path / "info.json"))
     assert ok.returncode == 0, ok.stderr
     assert json.loads((tmp_path / "info.json").read_text())["fingerprint"]["backend"] == "cpu"

@@ -41,9 +41,18 @@ def test_child_log_figures_from_spec_and_result(tmp_path):
 def test_decode_json_rows_and_cli_json(tmp_path, capsys):
     log = tmp_path / "a.log"
     log.write_text(LAB_LOG)
-    rec = records.record("decode", fingerprint={"backend": "cpu"}, shape="p4n4b1", output_tok_per_s=10.0,
-                         total_tok_per_s=20.0, kv_cache_tokens=5, cache_state="compiled", cache_keys=["ab"], gate=0,
-                         log_path=str(log))
+    rec = records.record(
+        "decode",
+        fingerprint={"backend": "cpu"},
+        shape="p4n4b1",
+        output_tok_per_s=10.0,
+        total_tok_per_s=20.0,
+        kv_cache_tokens=5,
+        cache_state="compiled",
+        cache_keys=["ab"],
+        gate=0,
+        log_path=str(log),
+    )
     other = records.record("copy", bytes=4)
     records.write_json(tmp_path / "r.json", [rec, other])
     (row,) = summarize.collect([str(tmp_path / "r.json")])

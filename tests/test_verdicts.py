@@ -107,16 +107,24 @@ def test_walk_names_the_commit_a_slowdown_lands_and_not_the_ones_after():
     spread = (1.0, 1.03, 0.97, 1.01, 0.99, 1.02)
     levels = [1.0, 1.0, 1.0, 1.15, 1.15, 1.15]
     out = verdicts.walk([verdicts.Point(i, f"c{i}", tuple(x * lv for x in spread)) for i, lv in enumerate(levels)])
-    assert [v.verdict for v in out] == [stats.NO_DIFFERENCE, stats.NO_DIFFERENCE, stats.SLOWER,
-                                        stats.NO_DIFFERENCE, stats.NO_DIFFERENCE]
+    assert [v.verdict for v in out] == [
+        stats.NO_DIFFERENCE,
+        stats.NO_DIFFERENCE,
+        stats.SLOWER,
+        stats.NO_DIFFERENCE,
+        stats.NO_DIFFERENCE,
+    ]
     assert out[2].reference == ["c0", "c1", "c2"] and out[3].reference == ["c3"]
     assert out[2].ratio.ratio == pytest.approx(1.15)
 
 
 def test_walk_skips_commits_without_enough_samples():
     spread = (1.0, 1.03, 0.97, 1.01, 0.99, 1.02)
-    points = [verdicts.Point(0, "a", spread), verdicts.Point(1, "b", (1.0,)),
-              verdicts.Point(2, "c", tuple(1.2 * x for x in spread))]
+    points = [
+        verdicts.Point(0, "a", spread),
+        verdicts.Point(1, "b", (1.0,)),
+        verdicts.Point(2, "c", tuple(1.2 * x for x in spread)),
+    ]
     out = verdicts.walk(points)
     assert [(v.commit, v.verdict) for v in out] == [("b", verdicts.TOO_FEW), ("c", stats.SLOWER)]
     assert out[1].reference == ["a"]

@@ -23,12 +23,12 @@ from b70bench.cachekey.artifacts import FACTORS_NAME, find_keys, keys_from_paths
 from b70bench.cachekey.cli import register, run  # noqa: F401
 from b70bench.cachekey.explain import explain, load_side  # noqa: F401
 from b70bench.cachekey.measure import (  # noqa: F401
-                                         DEFAULT_SHAPE,
-                                         config_id,
-                                         default_records_dir,
-                                         from_decode_record,
-                                         measure,
-                                         save,
-                                         unavailable_reason,
+    DEFAULT_SHAPE,
+    config_id,
+    default_records_dir,
+    from_decode_record,
+    measure,
+    save,
+    unavailable_reason,
 )
 from b70bench.cachekey.pins import PINS_ENV, default_pins_path, differs, pin_id, read_pins, write_pin  # noqa: F401

@@ -50,8 +50,10 @@ def read_aot_artifact(path: str | os.PathLike) -> dict:
     try:
         top = _StubUnpickler(io.BytesIO(data)).load()
     except Exception as err:  # any malformed pickle: say which file, do not guess
-        raise UsageError(f"{path} is not a readable vLLM AOT artifact ({type(err).__name__}: {err}); "
-                         f"delete its directory and let vLLM compile again") from None
+        raise UsageError(
+            f"{path} is not a readable vLLM AOT artifact ({type(err).__name__}: {err}); "
+            f"delete its directory and let vLLM compile again"
+        ) from None
     top = _fields(top)
     code = _fields(top.get("original_code"))
     system = _fields(top.get("system_info"))
@@ -65,11 +67,17 @@ def read_aot_artifact(path: str | os.PathLike) -> dict:
         entry["functions"][f"{f.get('firstlineno')}-{f.get('lastlineno')}"] = f.get("checksum")
     triton = system.get("triton_version")
     return {
-        "forward": {"qualname": code.get("co_qualname"), "filename": code.get("co_filename"),
-                    "firstlineno": code.get("co_firstlineno")},
-        "compiler": {"python": system.get("python_version"),
-                     "triton": ".".join(map(str, triton)) if isinstance(triton, (tuple, list)) else triton,
-                     "backend": top.get("backend_name"), "device_type": top.get("device_type")},
+        "forward": {
+            "qualname": code.get("co_qualname"),
+            "filename": code.get("co_filename"),
+            "firstlineno": code.get("co_firstlineno"),
+        },
+        "compiler": {
+            "python": system.get("python_version"),
+            "triton": ".".join(map(str, triton)) if isinstance(triton, (tuple, list)) else triton,
+            "backend": top.get("backend_name"),
+            "device_type": top.get("device_type"),
+        },
         "sources": dict(sorted(sources.items())),
     }
 
@@ -78,8 +86,9 @@ def find_keys(root: str | os.PathLike) -> list[dict]:
     """Every cache key under root (a VLLM_CACHE_ROOT, its torch_compile_cache, or one key's directory)."""
     root = Path(root)
     if not root.exists():
-        raise UsageError(f"{root} does not exist: pass a VLLM_CACHE_ROOT, a torch_compile_cache directory or "
-                         f"one key's directory")
+        raise UsageError(
+            f"{root} does not exist: pass a VLLM_CACHE_ROOT, a torch_compile_cache directory or one key's directory"
+        )
     keys = []
     candidates = [root] + [p for p in root.rglob("*") if p.is_dir() and "inductor_cache" not in p.parts]
     for d in candidates:

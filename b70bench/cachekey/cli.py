@@ -11,8 +11,16 @@ from b70bench.cachekey.measure import DEFAULT_SHAPE, default_records_dir, measur
 from b70bench.cachekey.pins import PINS_ENV, default_pins_path, pin_id, write_pin
 from b70bench.errors import UsageError
 
-COLUMNS = ["suite", "shape", "aot_key", "piecewise_key", "aot_differs", "piecewise_differs", "cache_state",
-           "s_per_output_token"]
+COLUMNS = [
+    "suite",
+    "shape",
+    "aot_key",
+    "piecewise_key",
+    "aot_differs",
+    "piecewise_differs",
+    "cache_state",
+    "s_per_output_token",
+]
 
 
 def _short(rec: dict) -> dict:
@@ -33,11 +41,15 @@ def run(args) -> int:
             print(f"{k['kind']:9s}  {k['key']}  {k.get('path', '')}")
             for rank, art in (k.get("artifacts") or {}).items():
                 fwd = art["forward"]
-                print(f"  {rank}: forward {fwd['qualname']} line {fwd['firstlineno']} in {fwd['filename']}; "
-                      f"{len(art['sources'])} traced modules; compiler {art['compiler']}")
+                print(
+                    f"  {rank}: forward {fwd['qualname']} line {fwd['firstlineno']} in {fwd['filename']}; "
+                    f"{len(art['sources'])} traced modules; compiler {art['compiler']}"
+                )
             for where, f in (k.get("factors") or {}).items():
-                print(f"  {where}: config {f.get('config_hash')} code {f.get('code_hash')} "
-                      f"compiler {f.get('compiler_hash')} env {len(f.get('env') or {})} factors")
+                print(
+                    f"  {where}: config {f.get('config_hash')} code {f.get('code_hash')} "
+                    f"compiler {f.get('compiler_hash')} env {len(f.get('env') or {})} factors"
+                )
         if not side.get("keys"):
             print(f"no compile-cache key found in {args.path}")
         return 0
@@ -65,8 +77,14 @@ def run(args) -> int:
     from b70bench import device as devmod
 
     dev = devmod.select(args.backend, args.device_index)
-    rows = measure(dev, shape=args.shape, pins_path=args.pins, machine=args.machine, auto_pin=not args.no_auto_pin,
-                   records_dir=records_dir)
+    rows = measure(
+        dev,
+        shape=args.shape,
+        pins_path=args.pins,
+        machine=args.machine,
+        auto_pin=not args.no_auto_pin,
+        records_dir=records_dir,
+    )
     print(records.format_table([_short(r) for r in rows], COLUMNS))
     if args.json:
         records.write_json(args.json, rows)
@@ -76,21 +94,29 @@ def run(args) -> int:
 def register(sub) -> None:
     from b70bench import cli
 
-    p = sub.add_parser("cache-key", help="which compile-cache key vLLM chose, and why it changed",
-                       description="Measure (one vLLM start on an empty cache), show, explain or pin vLLM's "
-                                   "compile-cache keys.")
+    p = sub.add_parser(
+        "cache-key",
+        help="which compile-cache key vLLM chose, and why it changed",
+        description="Measure (one vLLM start on an empty cache), show, explain or pin vLLM's compile-cache keys.",
+    )
     p.add_argument("action", nargs="?", choices=["measure", "show", "explain", "pin"], default="measure")
     p.add_argument("a", nargs="?", help="show/pin: a cache dir, record or commit; explain: the first of two")
     p.add_argument("b", nargs="?", help="explain: the second cache dir, record or commit")
     p.add_argument("--shape", default=DEFAULT_SHAPE, help=f"decode shape of the probe run (default {DEFAULT_SHAPE})")
-    p.add_argument("--pins", default=None, help=f"pins file (default: env {PINS_ENV}, else "
-                                                f"cache-key-pins.json in the state directory, {state.HOME_ENV})")
+    p.add_argument(
+        "--pins",
+        default=None,
+        help=f"pins file (default: env {PINS_ENV}, else cache-key-pins.json in the state directory, {state.HOME_ENV})",
+    )
     p.add_argument("--machine", default=None, help="machine name in pins (default: host name)")
     p.add_argument("--config", default=None, help="pin: the config id the key belongs to")
     p.add_argument("--no-auto-pin", action="store_true", help="do not pin the first key seen")
-    p.add_argument("--records", default=None,
-                   help=f"where per-commit cache-key records are saved and looked up (default: records/ in the "
-                        f"state directory, {state.HOME_ENV}, else the asv project's results/)")
+    p.add_argument(
+        "--records",
+        default=None,
+        help=f"where per-commit cache-key records are saved and looked up (default: records/ in the "
+        f"state directory, {state.HOME_ENV}, else the asv project's results/)",
+    )
     cli.add_device_args(p)
     cli.add_json_arg(p)
     p.set_defaults(func=_dispatch)

@@ -16,8 +16,10 @@ def load_side(spec: str, records_dir: Path | None = None) -> dict:
     if not p.exists() and records_dir is not None and re.fullmatch(r"[0-9a-fA-F]{4,40}", spec):
         hits = sorted(records_dir.glob(f"*/{spec.lower()}*/cachekey.json"))
         if len(hits) > 1:
-            raise UsageError(f"commit {spec} matches {len(hits)} saved records ({', '.join(map(str, hits[:3]))}): "
-                             f"give more hex digits or a record path")
+            raise UsageError(
+                f"commit {spec} matches {len(hits)} saved records ({', '.join(map(str, hits[:3]))}): "
+                f"give more hex digits or a record path"
+            )
         p = hits[0] if hits else p
     if p.is_dir():
         return {"keys": find_keys(p), "source": str(p)}
@@ -31,8 +33,10 @@ def load_side(spec: str, records_dir: Path | None = None) -> dict:
         if "keys" in data:
             return {**data, "source": str(p)}
         return {"keys": keys_from_paths(data.get("cache_keys") or []), "source": str(p), **data}
-    raise UsageError(f"{spec!r} is neither a cache directory, a record file nor a commit with a saved cache-key "
-                     f"record under {records_dir}: run the cache-key benchmark for it first")
+    raise UsageError(
+        f"{spec!r} is neither a cache directory, a record file nor a commit with a saved cache-key "
+        f"record under {records_dir}: run the cache-key benchmark for it first"
+    )
 
 
 def _dict_diff(a: dict, b: dict) -> list[str]:
@@ -55,11 +59,15 @@ def _sources_diff(a: dict, b: dict) -> list[str]:
             changed = sorted(set(fa.items()) ^ set(fb.items()))
             moved = [lines for lines, _ in changed if lines in fb]
             if moved:
-                out.append(f"{mod}: file text differs ({len(moved)} traced function(s) changed or moved: "
-                           f"{', '.join(f'lines {x}' for x in moved[:6])})")
+                out.append(
+                    f"{mod}: file text differs ({len(moved)} traced function(s) changed or moved: "
+                    f"{', '.join(f'lines {x}' for x in moved[:6])})"
+                )
             else:
-                out.append(f"{mod}: file text differs outside every traced function (moves the 10-hex "
-                           f"piecewise key, which hashes whole files; not the AOT key)")
+                out.append(
+                    f"{mod}: file text differs outside every traced function (moves the 10-hex "
+                    f"piecewise key, which hashes whole files; not the AOT key)"
+                )
     return out
 
 
@@ -76,8 +84,10 @@ def explain(a: dict, b: dict) -> tuple[list[str], list[str]]:
         fwd_a, fwd_b = art_a["forward"], art_b["forward"]
         if fwd_a != fwd_b:
             changed.append("code")
-            lines.append(f"code: forward {fwd_a['qualname']} line {fwd_a['firstlineno']} -> {fwd_b['qualname']} "
-                         f"line {fwd_b['firstlineno']} (the AOT key hashes this qualname and line)")
+            lines.append(
+                f"code: forward {fwd_a['qualname']} line {fwd_a['firstlineno']} -> {fwd_b['qualname']} "
+                f"line {fwd_b['firstlineno']} (the AOT key hashes this qualname and line)"
+            )
         src = _sources_diff(art_a["sources"], art_b["sources"])
         if src:
             if "code" not in changed:
@@ -101,16 +111,25 @@ def explain(a: dict, b: dict) -> tuple[list[str], list[str]]:
                 lines.append(f"{factor}: {name} {fa.get(name)} -> {fb.get(name)}")
     for name, factor in (("env_factors", "env"), ("config", "config")):
         if a.get(name) is not None and b.get(name) is not None and a[name] != b[name]:
-            diff = _dict_diff(a[name], b[name]) if isinstance(a[name], dict) and isinstance(b[name], dict) \
+            diff = (
+                _dict_diff(a[name], b[name])
+                if isinstance(a[name], dict) and isinstance(b[name], dict)
                 else [f"{a[name]!r} -> {b[name]!r}"]
+            )
             if factor not in changed:
                 changed.append(factor)
             lines += [f"{factor}: {d}" for d in diff]
     if not changed:
         same = all(primary(a.get("keys", []), k) == primary(b.get("keys", []), k) for k in ("aot", "piecewise"))
-        lines.append("no factor differs" + ("" if same else
-                     " among those recorded (the keys differ: a factor b70bench cannot see, e.g. vLLM's config hash "
-                     "on the CPU, where vLLM writes no cache_key_factors.json)"))
+        lines.append(
+            "no factor differs"
+            + (
+                ""
+                if same
+                else " among those recorded (the keys differ: a factor b70bench cannot see, e.g. vLLM's config hash "
+                "on the CPU, where vLLM writes no cache_key_factors.json)"
+            )
+        )
     return changed, lines
 
 

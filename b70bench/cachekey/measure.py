@@ -34,8 +34,10 @@ def default_records_dir() -> Path:
 def config_id(rec: dict) -> str:
     """What, besides the machine, a pinned key is valid for."""
     fp = rec.get("fingerprint") or {}
-    return (f"{rec.get('model')}|{rec.get('dtype')}|tp{rec.get('tp')}|mml{rec.get('max_model_len')}"
-            f"|vllm {fp.get('vllm')}|torch {fp.get('torch')}")
+    return (
+        f"{rec.get('model')}|{rec.get('dtype')}|tp{rec.get('tp')}|mml{rec.get('max_model_len')}"
+        f"|vllm {fp.get('vllm')}|torch {fp.get('torch')}"
+    )
 
 
 def _env_factors() -> dict | None:
@@ -48,9 +50,17 @@ def _env_factors() -> dict | None:
         return None
 
 
-def measure(dev=None, *, shape: str = DEFAULT_SHAPE, pins_path: str | os.PathLike | None = None,
-            machine: str | None = None, auto_pin: bool = True, records_dir: str | os.PathLike | None = None,
-            runs: int = 0, decode_kwargs: dict | None = None) -> list[dict]:
+def measure(
+    dev=None,
+    *,
+    shape: str = DEFAULT_SHAPE,
+    pins_path: str | os.PathLike | None = None,
+    machine: str | None = None,
+    auto_pin: bool = True,
+    records_dir: str | os.PathLike | None = None,
+    runs: int = 0,
+    decode_kwargs: dict | None = None,
+) -> list[dict]:
     """One vLLM start on an empty compile cache: the key(s) it chose, described, compared with the pin.
 
     The first key seen for a machine and config is pinned when auto_pin (asv walks a range
@@ -66,8 +76,14 @@ def measure(dev=None, *, shape: str = DEFAULT_SHAPE, pins_path: str | os.PathLik
         raise Unavailable(reason)
     root = Path(tempfile.mkdtemp(prefix="b70bench-cachekey-"))
     try:
-        recs = decode.measure(shapes=[shape], runs=runs, cold=True, env={"VLLM_CACHE_ROOT": str(root)},
-                              device=dev, **(decode_kwargs or {}))
+        recs = decode.measure(
+            shapes=[shape],
+            runs=runs,
+            cold=True,
+            env={"VLLM_CACHE_ROOT": str(root)},
+            device=dev,
+            **(decode_kwargs or {}),
+        )
         keys = find_keys(root)
     finally:
         shutil.rmtree(root, ignore_errors=True)
@@ -86,8 +102,9 @@ def save(rec: dict, run: dict, *, records_dir=None, machine: str | None = None) 
         records.write_json(out / (machine or platform.node()) / commit / "cachekey.json", [rec])
 
 
-def from_decode_record(run: dict, keys: list[dict] | None = None, *, pins_path=None, machine: str | None = None,
-                       auto_pin: bool = True) -> dict:
+def from_decode_record(
+    run: dict, keys: list[dict] | None = None, *, pins_path=None, machine: str | None = None, auto_pin: bool = True
+) -> dict:
     """The cache-key record for a decode run that already happened (no extra vLLM start).
 
     keys: the described keys if the run's cache directory was read; else the keys vLLM logged,
@@ -116,14 +133,28 @@ def from_decode_record(run: dict, keys: list[dict] | None = None, *, pins_path=N
         pinned, pinned_now = found, True
     d = differs(found, pinned)
     return records.record(
-        "cache-key", shape=run.get("shape"), config=config_id(run), machine=machine or platform.node(),
-        aot_key=found["aot"], piecewise_key=found["piecewise"],
-        pinned_aot_key=(pinned or {}).get("aot"), pinned_piecewise_key=(pinned or {}).get("piecewise"),
-        aot_differs=d["aot"], piecewise_differs=d["piecewise"], pinned_now=pinned_now, pins_file=str(pins_path),
-        cache_state=run.get("cache_state"), ok=run.get("ok"), error=run.get("error"),
+        "cache-key",
+        shape=run.get("shape"),
+        config=config_id(run),
+        machine=machine or platform.node(),
+        aot_key=found["aot"],
+        piecewise_key=found["piecewise"],
+        pinned_aot_key=(pinned or {}).get("aot"),
+        pinned_piecewise_key=(pinned or {}).get("piecewise"),
+        aot_differs=d["aot"],
+        piecewise_differs=d["piecewise"],
+        pinned_now=pinned_now,
+        pins_file=str(pins_path),
+        cache_state=run.get("cache_state"),
+        ok=run.get("ok"),
+        error=run.get("error"),
         s_per_output_token=run.get("s_per_output_token"),
         samples_s_per_output_token=run.get("samples_s_per_output_token") or [],
-        output_tok_per_s=run.get("output_tok_per_s"), token_sha256=run.get("token_sha256"),
-        log_path=run.get("log_path"), keys=keys, env_factors=_env_factors(),
+        output_tok_per_s=run.get("output_tok_per_s"),
+        token_sha256=run.get("token_sha256"),
+        log_path=run.get("log_path"),
+        keys=keys,
+        env_factors=_env_factors(),
         config_fields={k: run.get(k) for k in ("model", "dtype", "tp", "max_model_len", "memory_fraction")},
-        fingerprint=fp)
+        fingerprint=fp,
+    )

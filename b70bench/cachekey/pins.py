@@ -29,8 +29,9 @@ def read_pins(path: Path) -> dict:
     except FileNotFoundError:
         return {}
     except ValueError:
-        raise UsageError(f"pins file {path} is not JSON: fix or delete it (b70bench writes it atomically, so "
-                         f"it was edited by hand)") from None
+        raise UsageError(
+            f"pins file {path} is not JSON: fix or delete it (b70bench writes it atomically, so it was edited by hand)"
+        ) from None
     return data.get("pins", {})
 
 

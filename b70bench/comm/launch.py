@@ -39,10 +39,11 @@ def rank_env(environ=os.environ) -> tuple[int, int, int] | None:
     torchrun (and our own launcher) set RANK/WORLD_SIZE/LOCAL_RANK; Open MPI sets
     OMPI_COMM_WORLD_*; MPICH and Slurm's PMI set PMI_RANK/PMI_SIZE.
     """
-    for rank_key, size_key, local_key in (("RANK", "WORLD_SIZE", "LOCAL_RANK"),
-                                          ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
-                                           "OMPI_COMM_WORLD_LOCAL_RANK"),
-                                          ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID")):
+    for rank_key, size_key, local_key in (
+        ("RANK", "WORLD_SIZE", "LOCAL_RANK"),
+        ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"),
+        ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID"),
+    ):
         if rank_key in environ and size_key in environ:
             rank, size = int(environ[rank_key]), int(environ[size_key])
             return rank, size, int(environ.get(local_key, rank))
@@ -84,8 +85,15 @@ def _child_env(rank: int, world: int, port: int, params_json: str, directory: st
     env = dict(os.environ)
     pkg_root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (pkg_root, env.get("PYTHONPATH")) if p)
-    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
-               LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world), PYTHONUNBUFFERED="1")
+    env.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(world),
+        PYTHONUNBUFFERED="1",
+    )
     env[ENV_PARAMS] = params_json
     env[ENV_DIR] = directory
     for key in [k for k in env if k.startswith(("OMPI_COMM_WORLD_", "PMI_"))]:
@@ -115,8 +123,14 @@ def launch(params_json: str, world: int, *, timeout_s: float, cpu: bool) -> dict
     procs: list[subprocess.Popen] = []
     try:
         for rank in range(world):
-            procs.append(subprocess.Popen(cmd, env=_child_env(rank, world, port, params_json, directory, cpu),
-                                          start_new_session=True, stdin=subprocess.DEVNULL))
+            procs.append(
+                subprocess.Popen(
+                    cmd,
+                    env=_child_env(rank, world, port, params_json, directory, cpu),
+                    start_new_session=True,
+                    stdin=subprocess.DEVNULL,
+                )
+            )
         failure = _watch(procs, directory, timeout_s)
         if failure:
             _kill_all(procs)
@@ -154,11 +168,12 @@ _SECONDARY = re.compile(r"peer|remote|connection (closed|reset)|aborted|broken p
 
 def _died(failed: list[tuple[int, int]], directory: str) -> str:
     """One line naming the rank that failed first; ranks that only lost a peer are mentioned after it."""
+
     def describe(rank, code):
         how = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
         _, label = read_status(directory, rank)
         if label.startswith("error: "):
-            return f"rank {rank} died ({how}): {label[len('error: '):]}", bool(_SECONDARY.search(label))
+            return f"rank {rank} died ({how}): {label[len('error: ') :]}", bool(_SECONDARY.search(label))
         return f"rank {rank} died ({how}) at '{label}'", False
 
     described = sorted((describe(rank, code) for rank, code in failed), key=lambda d: d[1])

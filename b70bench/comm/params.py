@@ -24,8 +24,19 @@ DTYPE_ALIASES = {"half": "fp16", "float16": "fp16", "bfloat16": "bf16", "float":
 # Device backend or collective library, as a user may name either.
 COLLECTIVES = {"nccl": "cuda", "xccl": "xpu", "ccl": "xpu", "gloo": "cpu"}
 
-_SUFFIX = {"": 1, "B": 1, "K": KIB, "KB": KIB, "KIB": KIB, "M": MIB, "MB": MIB, "MIB": MIB,
-           "G": GIB, "GB": GIB, "GIB": GIB}
+_SUFFIX = {
+    "": 1,
+    "B": 1,
+    "K": KIB,
+    "KB": KIB,
+    "KIB": KIB,
+    "M": MIB,
+    "MB": MIB,
+    "MIB": MIB,
+    "G": GIB,
+    "GB": GIB,
+    "GIB": GIB,
+}
 
 
 def parse_size(text: str) -> int:
@@ -98,8 +109,10 @@ def count_for(size_bytes: int, dtype: str) -> int:
     """Elements in a message; a size that is not a whole number of elements is an input error."""
     item = DTYPES[dtype]
     if size_bytes % item:
-        raise UsageError(f"size {size_bytes} B is not a multiple of {dtype}'s {item} bytes: "
-                         f"pick a multiple of {item} (or another --dtype)")
+        raise UsageError(
+            f"size {size_bytes} B is not a multiple of {dtype}'s {item} bytes: "
+            f"pick a multiple of {item} (or another --dtype)"
+        )
     return size_bytes // item
 
 
@@ -122,16 +135,16 @@ class Params:
     sizes: list[int] = field(default_factory=lambda: list(DEFAULT_SIZES))
     dtype: str = "fp16"
     modes: list[str] = field(default_factory=lambda: list(MODES))
-    paths: list[str] | None = None   # None: c10d, plus raw where CuPy's NCCL imports (vllm when named)
-    world_size: int | None = None    # None: every local GPU (at least 2 on the CPU)
-    backend: str | None = None       # device backend (cuda/xpu/cpu) or collective (nccl/xccl/ccl/gloo)
+    paths: list[str] | None = None  # None: c10d, plus raw where CuPy's NCCL imports (vllm when named)
+    world_size: int | None = None  # None: every local GPU (at least 2 on the CPU)
+    backend: str | None = None  # device backend (cuda/xpu/cpu) or collective (nccl/xccl/ccl/gloo)
     graph: bool = False
-    iters: int = 100                 # back-to-back ops per pipelined sample
-    repeat: int = 20                 # pipelined samples
+    iters: int = 100  # back-to-back ops per pipelined sample
+    repeat: int = 20  # pipelined samples
     warmup: int = 5
-    budget_s: float | None = None    # per row: fewer iterations for sizes that would take longer
-                                     # (None: 4 s on GPUs, 1 s on the CPU, where CI runs it)
-    timeout_s: float = 300.0         # whole run: a rank still running after this is killed
+    budget_s: float | None = None  # per row: fewer iterations for sizes that would take longer
+    # (None: 4 s on GPUs, 1 s on the CPU, where CI runs it)
+    timeout_s: float = 300.0  # whole run: a rank still running after this is killed
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))

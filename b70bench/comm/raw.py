@@ -34,15 +34,24 @@ class RawNccl:
         dist.broadcast_object_list(uid, src=0)
         with cupy.cuda.Device(device_index):
             self.comm = nccl.NcclCommunicator(world, uid[0], rank)
-        self._types = {torch.float16: nccl.NCCL_FLOAT16, torch.float32: nccl.NCCL_FLOAT32,
-                       # ncclBfloat16 is 9 in nccl.h (NCCL >= 2.10); older CuPy lacks the name.
-                       torch.bfloat16: getattr(nccl, "NCCL_BFLOAT16", 9)}
+        self._types = {
+            torch.float16: nccl.NCCL_FLOAT16,
+            torch.float32: nccl.NCCL_FLOAT32,
+            # ncclBfloat16 is 9 in nccl.h (NCCL >= 2.10); older CuPy lacks the name.
+            torch.bfloat16: getattr(nccl, "NCCL_BFLOAT16", 9),
+        }
         self.version = nccl.get_version()
 
     def all_reduce_(self, t: torch.Tensor) -> None:
         """Sum t across ranks in place, enqueued on torch's current stream (graph-capturable)."""
-        self.comm.allReduce(t.data_ptr(), t.data_ptr(), t.numel(), self._types[t.dtype], self._nccl.NCCL_SUM,
-                            torch.cuda.current_stream().cuda_stream)
+        self.comm.allReduce(
+            t.data_ptr(),
+            t.data_ptr(),
+            t.numel(),
+            self._types[t.dtype],
+            self._nccl.NCCL_SUM,
+            torch.cuda.current_stream().cuda_stream,
+        )
 
     def close(self) -> None:
         self.comm.destroy()

@@ -57,8 +57,13 @@ class VllmAllReduce:
         self._ps = ps
         self._config = set_current_vllm_config(VllmConfig())
         self._config.__enter__()
-        ps.init_distributed_environment(world_size=world, rank=rank, distributed_init_method="env://",
-                                        local_rank=local_rank, backend=torch.distributed.get_backend())
+        ps.init_distributed_environment(
+            world_size=world,
+            rank=rank,
+            distributed_init_method="env://",
+            local_rank=local_rank,
+            backend=torch.distributed.get_backend(),
+        )
         ps.initialize_model_parallel(tensor_model_parallel_size=world)
         group = ps.get_tp_group()
         comm = group.device_communicator

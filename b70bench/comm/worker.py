@@ -71,8 +71,10 @@ def resolve_backend(name: str | None) -> tuple[str, str]:
         try:
             import oneccl_bindings_for_pytorch  # noqa: F401  (registers the "ccl" backend)
         except ImportError:
-            raise UsageError("backend 'ccl' needs oneccl_bindings_for_pytorch: install it, or use "
-                             "--backend xccl (PyTorch's native XPU collectives)") from None
+            raise UsageError(
+                "backend 'ccl' needs oneccl_bindings_for_pytorch: install it, or use "
+                "--backend xccl (PyTorch's native XPU collectives)"
+            ) from None
     if not dist.is_available():
         raise UsageError(f"torch {torch.__version__} is built without torch.distributed: install a build with it")
     return device, collective
@@ -92,8 +94,7 @@ def _pattern(count: int, k: int, shift: int, dtype, device) -> torch.Tensor:
 
 
 class Rank:
-    def __init__(self, params: Params, rank: int, world: int, local_rank: int, directory: str | None,
-                 launched: bool):
+    def __init__(self, params: Params, rank: int, world: int, local_rank: int, directory: str | None, launched: bool):
         self.p, self.rank, self.world, self.directory = params, rank, world, directory
         self.status = Status(directory, rank)
         self.fault = Fault(os.environ.get(ENV_FAULT), rank)
@@ -109,8 +110,9 @@ class Rank:
         # Under our launcher the parent's watchdog fires first and names the rank; the group's
         # own timeout is the guard where torchrun/mpirun started us.
         pg_timeout = params.timeout_s * (2 if launched else 1)
-        dist.init_process_group(self.collective, rank=rank, world_size=world,
-                                timeout=datetime.timedelta(seconds=pg_timeout), **kw)
+        dist.init_process_group(
+            self.collective, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=pg_timeout), **kw
+        )
         self.status("joined group")
         self.raw, self.raw_reason = None, None
         self.vllm, self.vllm_reason = None, None
@@ -145,8 +147,13 @@ class Rank:
         reason = vllm_path.unavailable_reason()
         if reason is None:
             try:
-                self.vllm = vllm_path.VllmAllReduce(self.rank, self.world, self.local_rank, self.dev.backend,
-                                                    os.environ.get("MASTER_PORT", str(os.getppid())))
+                self.vllm = vllm_path.VllmAllReduce(
+                    self.rank,
+                    self.world,
+                    self.local_rank,
+                    self.dev.backend,
+                    os.environ.get("MASTER_PORT", str(os.getppid())),
+                )
             except Exception as err:  # a vLLM too old or too new for these calls: a skipped row, not a crash
                 from b70bench.fingerprint import dist_version
 
@@ -160,27 +167,34 @@ class Rank:
 
     def _op(self, mode: str, path: str, x: torch.Tensor, out: torch.Tensor | None):
         if path == "vllm":  # vLLM's one call; its communicator decides copies (XPU clones inside)
+
             def op():
                 return self.vllm.all_reduce(x)
+
             return op
         reduce_ = self.raw.all_reduce_ if path == "raw" else dist.all_reduce
         if mode == "in-place":
+
             def op():
                 reduce_(x)
                 return x
         elif mode == "clone":  # vLLM's XPU communicator: output = input_.clone(); all_reduce(output)
+
             def op():
                 y = x.clone()
                 reduce_(y)
                 return y
         elif mode == "empty-copy":
+
             def op():
                 out.copy_(x)
                 reduce_(out)
                 return out
         else:  # what torch.compile emits: out-of-place all_reduce, then wait on its result
+
             def op():
                 return funcol.wait_tensor(funcol.all_reduce(x, "sum", dist.group.WORLD))
+
         return op
 
     def _plan(self, t_op: float) -> tuple[int, int, int, int]:
@@ -209,8 +223,16 @@ class Rank:
 
     def row(self, size: int, path: str, mode: str) -> dict:
         p, dev = self.p, self.dev
-        base = dict(size_bytes=size, count=count_for(size, p.dtype), dtype=p.dtype, mode=mode, path=path,
-                    graph=p.graph, world_size=self.world, collective=self.collective if path == "c10d" else "nccl")
+        base = dict(
+            size_bytes=size,
+            count=count_for(size, p.dtype),
+            dtype=p.dtype,
+            mode=mode,
+            path=path,
+            graph=p.graph,
+            world_size=self.world,
+            collective=self.collective if path == "c10d" else "nccl",
+        )
         if path == "raw" and self.raw is None:
             return {**base, "skipped": self.raw_reason}
         if path == "raw" and mode == "functional":
@@ -220,8 +242,11 @@ class Rank:
                 return {**base, "skipped": self.vllm_reason}
             base.update(collective=self.collective, communicator=self.vllm.communicator, kernel=self.vllm.kernel)
             if mode != "in-place":
-                return {**base, "skipped": "vLLM's all_reduce is one call whose communicator decides any copy: "
-                                           "its row is mode in-place (the caller's tensor as is)"}
+                return {
+                    **base,
+                    "skipped": "vLLM's all_reduce is one call whose communicator decides any copy: "
+                    "its row is mode in-place (the caller's tensor as is)",
+                }
         dtype = TORCH_DTYPES[p.dtype]
         k = _expected_pattern(self.world, p.dtype)
         x = _pattern(base["count"], k or 1, self.rank, dtype, dev.torch_device)
@@ -270,10 +295,19 @@ class Rank:
         stats = self._reduce([pipe.median, latency.median, *pipe.samples])
         worst = timing.Timing(stats[2:])  # per sample, the slowest rank
         t, lat = stats[0], stats[1]
-        return {**base, "iters": iters, "repeat": repeat, "time_us": t * 1e6,
-                "time_us_min": worst.min * 1e6, "time_us_iqr": worst.iqr * 1e6, "latency_us": lat * 1e6,
-                "algbw_gbps": algbw_gbps(size, t), "busbw_gbps": busbw_gbps(size, t, self.world),
-                "wrong": wrong, "samples_s": worst.samples}
+        return {
+            **base,
+            "iters": iters,
+            "repeat": repeat,
+            "time_us": t * 1e6,
+            "time_us_min": worst.min * 1e6,
+            "time_us_iqr": worst.iqr * 1e6,
+            "latency_us": lat * 1e6,
+            "algbw_gbps": algbw_gbps(size, t),
+            "busbw_gbps": busbw_gbps(size, t, self.world),
+            "wrong": wrong,
+            "samples_s": worst.samples,
+        }
 
     def _wrong(self, x, out, check, k) -> int | None:
         """Elements != the exact sum after one more op on fresh inputs, summed over ranks (nccl-tests' #wrong)."""
@@ -284,7 +318,7 @@ class Rank:
             out.fill_(float("nan"))
         result = check()
         per_element = [sum((i + r) % k + 1 for r in range(self.world)) for i in range(k)]
-        expected = torch.tensor(per_element, dtype=x.dtype, device=x.device).repeat(-(-x.numel() // k))[:x.numel()]
+        expected = torch.tensor(per_element, dtype=x.dtype, device=x.device).repeat(-(-x.numel() // k))[: x.numel()]
         mine = int((result != expected).sum())
         return int(self._reduce([float(mine)], op=dist.ReduceOp.SUM)[0])
 
@@ -317,8 +351,12 @@ class Rank:
         worker.start()
         worker.join(guard)
         if worker.is_alive():
-            print(f"b70bench allreduce: rank {self.rank}: teardown did not finish in {guard:.0f} s; "
-                  f"exiting without it (results were delivered)", file=sys.stderr, flush=True)
+            print(
+                f"b70bench allreduce: rank {self.rank}: teardown did not finish in {guard:.0f} s; "
+                f"exiting without it (results were delivered)",
+                file=sys.stderr,
+                flush=True,
+            )
             sys.stdout.flush()
             os._exit(0)
         self.status("done")

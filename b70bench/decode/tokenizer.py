@@ -19,15 +19,17 @@ from b70bench import records
 # Part of the directory name: a change to the word list below must not reuse an old directory.
 TOKENIZER_VERSION = 1
 SPECIALS = ("<unk>", "<s>", "</s>")  # ids 0, 1, 2: the embedded config's bos 1 and eos 2
-ENGLISH = ("the of and to in is was for on that with as by at from it he she they we you this be are "
-           "or an not have has had but which one all were there their what when who will more no if out "
-           "so up said can about into than them its only other new some time could these two may first "
-           "then do any like my now over such our man me even most made after also did many before must "
-           "through back years where much your way well down should because each just those people how "
-           "too little state good very make world still own see men work long get here between both life "
-           "being under never day same another know while last might us great old year off come since "
-           "against go came right used take three quick brown fox jumps lazy dog red blue green sun moon "
-           "star water fire stone tree river city king queen house road light night morning cat bird").split()
+ENGLISH = (
+    "the of and to in is was for on that with as by at from it he she they we you this be are "
+    "or an not have has had but which one all were there their what when who will more no if out "
+    "so up said can about into than them its only other new some time could these two may first "
+    "then do any like my now over such our man me even most made after also did many before must "
+    "through back years where much your way well down should because each just those people how "
+    "too little state good very make world still own see men work long get here between both life "
+    "being under never day same another know while last might us great old year off come since "
+    "against go came right used take three quick brown fox jumps lazy dog red blue green sun moon "
+    "star water fire stone tree river city king queen house road light night morning cat bird"
+).split()
 _CONSONANTS, _VOWELS = "bdfghklmnprstvz", "aeiou"
 
 
@@ -35,8 +37,9 @@ def words(vocab_size: int) -> list[str]:
     """Word of every id, in id order; all distinct."""
     syllables = [c + v for c, v in itertools.product(_CONSONANTS, _VOWELS)]
     out, seen = [], set()
-    generated = itertools.chain(syllables, ("".join(p) for n in (2, 3, 4) for p in itertools.product(syllables,
-                                                                                                     repeat=n)))
+    generated = itertools.chain(
+        syllables, ("".join(p) for n in (2, 3, 4) for p in itertools.product(syllables, repeat=n))
+    )
     for w in itertools.chain(SPECIALS, ENGLISH, generated):
         if len(out) == vocab_size:
             break
@@ -60,13 +63,22 @@ def build(vocab_size: int):
 def write(path: Path, vocab_size: int, max_len: int) -> None:
     path.mkdir(parents=True, exist_ok=True)
     build(vocab_size).save(str(path / "tokenizer.json"))
-    cfg = {"tokenizer_class": "PreTrainedTokenizerFast", "unk_token": SPECIALS[0], "bos_token": SPECIALS[1],
-           "eos_token": SPECIALS[2], "model_max_length": max_len, "clean_up_tokenization_spaces": False}
+    cfg = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "unk_token": SPECIALS[0],
+        "bos_token": SPECIALS[1],
+        "eos_token": SPECIALS[2],
+        "model_max_length": max_len,
+        "clean_up_tokenization_spaces": False,
+    }
     (path / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2) + "\n")
 
 
 def ensure(model_dir: Path, config: dict) -> Path:
     """Directory of the embedded model's tokenizer (beside its checkpoint), written on first use."""
     final = Path(model_dir).parent / f"{Path(model_dir).name}-tokenizer-v{TOKENIZER_VERSION}"
-    return records.atomic_directory(final, "tokenizer_config.json", lambda tmp: write(
-        tmp, config["vocab_size"], config.get("max_position_embeddings", 8192)))
+    return records.atomic_directory(
+        final,
+        "tokenizer_config.json",
+        lambda tmp: write(tmp, config["vocab_size"], config.get("max_position_embeddings", 8192)),
+    )

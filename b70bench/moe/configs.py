@@ -69,11 +69,23 @@ class Config:
 # token and its value (m1), the reduction as one of its two words (false, true). A "-" flag only when set: a
 # bool as the token alone (-pf), an int as the token and its value (-r96).
 LABEL_TOKENS = (
-    ("block_m", "m"), ("block_n", "n"), ("block_k", "k"), ("split_k", "s"), ("num_warps", "w"),
-    ("num_stages", "st"), ("fused_reduce", ("sum", "fused")),
-    ("packed", "-packed"), ("paired", "-paired"), ("tiled", "-tiled"), ("maxnreg", "-r"),
-    ("programs_per_sm", "-o"), ("prefetch", "-pf"), ("pdl", "-pdl"), ("early", "-early"),
-    ("dequant_early", "-dq"), ("two_rows", "-2r"),
+    ("block_m", "m"),
+    ("block_n", "n"),
+    ("block_k", "k"),
+    ("split_k", "s"),
+    ("num_warps", "w"),
+    ("num_stages", "st"),
+    ("fused_reduce", ("sum", "fused")),
+    ("packed", "-packed"),
+    ("paired", "-paired"),
+    ("tiled", "-tiled"),
+    ("maxnreg", "-r"),
+    ("programs_per_sm", "-o"),
+    ("prefetch", "-pf"),
+    ("pdl", "-pdl"),
+    ("early", "-early"),
+    ("dequant_early", "-dq"),
+    ("two_rows", "-2r"),
 )
 MIXED = "+"  # joins a mixed tiling's 2-pair and 1-pair labels
 FIELDS = tuple(f.name for f in fields(Config))
@@ -99,8 +111,11 @@ def _write(cfg: Config, name: str, token) -> str:
 
 def flag_order() -> str:
     """The flags as a label orders them, e.g. "-packed -paired -tiled -rN ..." (for help and errors)."""
-    return " ".join(token + ("" if _is_bool(name) else "N") for name, token in LABEL_TOKENS
-                    if isinstance(token, str) and token.startswith("-"))
+    return " ".join(
+        token + ("" if _is_bool(name) else "N")
+        for name, token in LABEL_TOKENS
+        if isinstance(token, str) and token.startswith("-")
+    )
 
 
 def parse_label(label: str) -> Config:

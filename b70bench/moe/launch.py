@@ -55,8 +55,9 @@ def auto_block_m(ids_cpu: torch.Tensor) -> int:
     return bm
 
 
-def fit_block_k(k: int, split: int, group: int, block_m: int, block_n: int, num_warps: int = 4,
-                largest: int = 256) -> int | None:
+def fit_block_k(
+    k: int, split: int, group: int, block_m: int, block_n: int, num_warps: int = 4, largest: int = 256
+) -> int | None:
     """The largest K-block (a power of two words deep, <= `largest`) that tiles each K-split;
     the dot path keeps it within one scale group, the elementwise path within its register
     budget. None if there is none."""
@@ -86,7 +87,7 @@ def group_pairs(ids_cpu: torch.Tensor, block_m: int) -> tuple[torch.Tensor, torc
     for e, c in zip(experts.tolist(), counts.tolist(), strict=True):
         nb = -(-c // block_m)
         ids = torch.full((nb * block_m,), p, dtype=torch.int32)
-        ids[:c] = order[start:start + c].to(torch.int32)
+        ids[:c] = order[start : start + c].to(torch.int32)
         pair_ids.append(ids)
         block_expert += [e] * nb
         start += c
@@ -102,7 +103,7 @@ def mixed_blocks(ids_cpu: torch.Tensor) -> tuple[tuple[torch.Tensor, torch.Tenso
     i = 0
     while i < len(pairs):
         if i + 1 < len(pairs) and experts[i + 1] == experts[i]:
-            two += pairs[i:i + 2]
+            two += pairs[i : i + 2]
             two_e.append(experts[i])
             i += 2
         else:
@@ -118,13 +119,21 @@ def check_mixed(cfg: Config, block_m: int, k: int, group: int) -> None:
     one = cfg.odd_pairs
     check_config(one, k, group)
     if block_m != 2 or one.block_m != 1 or one.odd_pairs is not None:
-        raise ValueError(f"a mixed tiling is a 2-pair tiling + a 1-pair tiling (m2...+m1...), not "
-                         f"block_m {block_m} + {one.block_m}")
+        raise ValueError(
+            f"a mixed tiling is a 2-pair tiling + a 1-pair tiling (m2...+m1...), not block_m {block_m} + {one.block_m}"
+        )
     same = ("split_k", "packed", "paired", "pdl", "early")
-    if any(getattr(cfg, f) != getattr(one, f) for f in same) or cfg.tiled or one.tiled or cfg.fused_reduce \
-            or one.fused_reduce:
-        raise ValueError("the two tilings of a mixed tiling must agree on split-K, -packed, -paired, -pdl and -early, "
-                         "and use the sum reduction without -tiled")
+    if (
+        any(getattr(cfg, f) != getattr(one, f) for f in same)
+        or cfg.tiled
+        or one.tiled
+        or cfg.fused_reduce
+        or one.fused_reduce
+    ):
+        raise ValueError(
+            "the two tilings of a mixed tiling must agree on split-K, -packed, -paired, -pdl and -early, "
+            "and use the sum reduction without -tiled"
+        )
 
 
 def check_config(cfg: Config, k: int, group: int) -> None:
@@ -160,8 +169,9 @@ def tile_weights(w: torch.Tensor, block_n: int) -> torch.Tensor:
     e, r, n = w.shape
     if n % block_n:
         raise ValueError(f"a tiled layout needs N={n} to be a multiple of block_n {block_n}")
-    return _derived(w, ("tiled", block_n),
-                    lambda: w.reshape(e, r, n // block_n, block_n).permute(0, 2, 1, 3).contiguous())
+    return _derived(
+        w, ("tiled", block_n), lambda: w.reshape(e, r, n // block_n, block_n).permute(0, 2, 1, 3).contiguous()
+    )
 
 
 PAIRED_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # nibble p of a paired word holds k = 8r + PAIRED_ORDER[p]
@@ -170,6 +180,7 @@ PAIRED_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # nibble p of a paired word holds k = 8
 def pair_nibbles(qweight: torch.Tensor) -> torch.Tensor:
     """Words whose nibbles i and i+4 (the two halves one LOP3 extracts) hold k = 8r+2i and 8r+2i+1,
     so the packed path's x pair is one aligned 32-bit load instead of two 16-bit loads and a pack."""
+
     def make():
         out = torch.zeros_like(qweight)
         for p, k in enumerate(PAIRED_ORDER):
@@ -195,13 +206,16 @@ def residency_pad(device: torch.device, per_sm: int, own_smem: int) -> int:
     # of 17152 + 256 bytes per SM); cuobjdump counts the reserve in the static size, the runtime adds it.
     pad = (per_program - RESERVED_SMEM - own_smem) // 128 * 128
     if pad < 0:
-        raise ValueError(f"-o{per_sm}: a program already holds {own_smem + RESERVED_SMEM} bytes of shared memory, "
-                         f"more than 1/{per_sm} of an SM's; ask for fewer programs per SM")
+        raise ValueError(
+            f"-o{per_sm}: a program already holds {own_smem + RESERVED_SMEM} bytes of shared memory, "
+            f"more than 1/{per_sm} of an SM's; ask for fewer programs per SM"
+        )
     if pad + RESERVED_SMEM > STATIC_SMEM_MAX:
-        raise ValueError(f"-o{per_sm}: the pad would be {pad} bytes, more than the {STATIC_SMEM_MAX} bytes of static "
-                         "shared memory a kernel may declare; ask for more programs per SM")
+        raise ValueError(
+            f"-o{per_sm}: the pad would be {pad} bytes, more than the {STATIC_SMEM_MAX} bytes of static "
+            "shared memory a kernel may declare; ask for more programs per SM"
+        )
     return pad
-
 
 
 def pdl_reason(device: torch.device) -> str | None:
@@ -239,11 +253,21 @@ def prepare(cfg: Config, qweight, scales, group: int, batch, out: torch.Tensor):
         kernel = kernels._moe_down_vec
     else:
         raise ValueError(f"block_m {bm}: 1 or 2 pairs per block, or 16+ with a {DOT_K}-deep K-block in one group")
-    if (cfg.tiled or cfg.packed or cfg.paired or cfg.prefetch or cfg.pdl or cfg.early or cfg.dequant_early
-            or cfg.two_rows or cfg.programs_per_sm) \
-            and kernel is not kernels._moe_down_vec:
-        raise ValueError(f"block_m {bm}: the packed, paired, tiled, -o, pf, pdl, early, dq and 2r options are for "
-                         "decode blocks (1-2 pairs) only")
+    if (
+        cfg.tiled
+        or cfg.packed
+        or cfg.paired
+        or cfg.prefetch
+        or cfg.pdl
+        or cfg.early
+        or cfg.dequant_early
+        or cfg.two_rows
+        or cfg.programs_per_sm
+    ) and kernel is not kernels._moe_down_vec:
+        raise ValueError(
+            f"block_m {bm}: the packed, paired, tiled, -o, pf, pdl, early, dq and 2r options are for "
+            "decode blocks (1-2 pairs) only"
+        )
     interpreted = os.environ.get("TRITON_INTERPRET") == "1"  # the interpreter runs no inline PTX
     if (cfg.pdl or cfg.early) and not interpreted and pdl_reason(batch.x.device):
         raise ValueError(f"pdl/early: {pdl_reason(batch.x.device)}")
@@ -251,9 +275,18 @@ def prepare(cfg: Config, qweight, scales, group: int, batch, out: torch.Tensor):
     sum_grid = (t, triton.cdiv(n, sum_block))
 
     def options(c: Config, block_m: int, launch: int) -> dict:
-        opts = dict(TOPK=topk, GROUP=group, BLOCK_M=block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k,
-                    SPLIT_K=c.split_k, FUSED_REDUCE=c.fused_reduce, ASM=not interpreted, num_warps=c.num_warps,
-                    num_stages=c.num_stages)
+        opts = dict(
+            TOPK=topk,
+            GROUP=group,
+            BLOCK_M=block_m,
+            BLOCK_N=c.block_n,
+            BLOCK_K=c.block_k,
+            SPLIT_K=c.split_k,
+            FUSED_REDUCE=c.fused_reduce,
+            ASM=not interpreted,
+            num_warps=c.num_warps,
+            num_stages=c.num_stages,
+        )
         if c.maxnreg and not interpreted:
             opts["maxnreg"] = c.maxnreg
         if c.programs_per_sm and not interpreted:
@@ -262,9 +295,19 @@ def prepare(cfg: Config, qweight, scales, group: int, batch, out: torch.Tensor):
             fit = REGISTERS_PER_SM // (c.programs_per_sm * c.num_warps * 32) // 8 * 8
             opts["maxnreg"] = min(c.maxnreg or fit, fit)
         if kernel is kernels._moe_down_vec:
-            opts.update(STAGES=c.num_stages, PACKED=c.packed, HALF=x.dtype == torch.float16, TILED=c.tiled,
-                        PAIRED=c.paired, PREFETCH=c.prefetch, PDL=c.pdl, EARLY=c.early, LAUNCH=launch,
-                        DQ=c.dequant_early, TWO_ROWS=c.two_rows)
+            opts.update(
+                STAGES=c.num_stages,
+                PACKED=c.packed,
+                HALF=x.dtype == torch.float16,
+                TILED=c.tiled,
+                PAIRED=c.paired,
+                PREFETCH=c.prefetch,
+                PDL=c.pdl,
+                EARLY=c.early,
+                LAUNCH=launch,
+                DQ=c.dequant_early,
+                TWO_ROWS=c.two_rows,
+            )
             if c.early and not interpreted:
                 opts["launch_pdl"] = True
         return opts
@@ -276,8 +319,10 @@ def prepare(cfg: Config, qweight, scales, group: int, batch, out: torch.Tensor):
             if c.dequant_early and not c.paired:
                 raise ValueError("-dq dequantizes paired packed words: add -packed-paired")
             if c.two_rows and (not c.paired or c.dequant_early or c.block_k < group):
-                raise ValueError(f"-2r pairs the word rows of one scale group: it needs -packed-paired, no -dq, and "
-                                 f"K-blocks of whole groups (block_k {c.block_k} >= group {group})")
+                raise ValueError(
+                    f"-2r pairs the word rows of one scale group: it needs -packed-paired, no -dq, and "
+                    f"K-blocks of whole groups (block_k {c.block_k} >= group {group})"
+                )
         if cfg.paired:
             qweight = pair_nibbles(qweight)
         if cfg.tiled:
@@ -289,19 +334,22 @@ def prepare(cfg: Config, qweight, scales, group: int, batch, out: torch.Tensor):
 
     # A mixed tiling's two launches run at the same time where both have blocks: the single pairs fill the SMs
     # the 2-pair blocks' last wave leaves idle (faster than one after the other: docs/moe-down.md).
-    concurrent = bool(cfg.odd_pairs and cfg.pdl and cfg.early and not interpreted and pair_ids.numel()
-                      and odd_pairs[0].numel())
+    concurrent = bool(
+        cfg.odd_pairs and cfg.pdl and cfg.early and not interpreted and pair_ids.numel() and odd_pairs[0].numel()
+    )
     alone = kernels.LAUNCH_ALONE.value
     parts = [(pair_ids, block_expert, cfg, bm, kernels.LAUNCH_FIRST.value if concurrent else alone)]
     if cfg.odd_pairs:
         parts.append((*odd_pairs, cfg.odd_pairs, 1, kernels.LAUNCH_SECOND.value if concurrent else alone))
-    launches = [(ids, experts, triton.cdiv(n, c.block_n), options(c, m, launch))
-                for ids, experts, c, m, launch in parts]
+    launches = [
+        (ids, experts, triton.cdiv(n, c.block_n), options(c, m, launch)) for ids, experts, c, m, launch in parts
+    ]
     for (ids, experts, tiles, opts), (_, _, c, _, _) in zip(launches, parts, strict=True):
         if c.programs_per_sm and not interpreted and experts.numel():
             # The pad depends on the shared memory Triton's own code takes: compile once without it.
-            own = kernel.warmup(x, qweight, scales, ids, experts, rw, part, out, cnt, p, n, k, tiles,
-                                grid=(1,), **opts).metadata.shared
+            own = kernel.warmup(
+                x, qweight, scales, ids, experts, rw, part, out, cnt, p, n, k, tiles, grid=(1,), **opts
+            ).metadata.shared
             pad = residency_pad(dev, c.programs_per_sm, own)
             opts.update(PAD=pad, PAD_ASM=ptx.pad(pad))
 
@@ -309,10 +357,12 @@ def prepare(cfg: Config, qweight, scales, group: int, batch, out: torch.Tensor):
         for ids, experts, tiles, opts in launches:
             if experts.numel():
                 kernel[(experts.numel(), tiles, cfg.split_k)](
-                    x, qweight, scales, ids, experts, rw, part, out, cnt, p, n, k, tiles, **opts)
+                    x, qweight, scales, ids, experts, rw, part, out, cnt, p, n, k, tiles, **opts
+                )
         if not cfg.fused_reduce:
-            kernels._moe_sum[sum_grid](part, out, p, n, TOPK=topk, SPLIT_K=cfg.split_k, BLOCK=sum_block,
-                                       num_warps=4, **sum_pdl)
+            kernels._moe_sum[sum_grid](
+                part, out, p, n, TOPK=topk, SPLIT_K=cfg.split_k, BLOCK=sum_block, num_warps=4, **sum_pdl
+            )
         return out
 
     return run

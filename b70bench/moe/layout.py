@@ -20,11 +20,15 @@ SCALE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 def check_k(k: int, group: int = GROUP) -> None:
     """K must split into whole int32 words and whole scale groups."""
     if k <= 0 or k % PACK:
-        raise UsageError(f"K={k} is not a positive multiple of {PACK} (8 nibbles per int32): "
-                         f"pick an intermediate size / TP that divides by {PACK}")
+        raise UsageError(
+            f"K={k} is not a positive multiple of {PACK} (8 nibbles per int32): "
+            f"pick an intermediate size / TP that divides by {PACK}"
+        )
     if k % group:
-        raise UsageError(f"K={k} is not a multiple of the scale group {group}: "
-                         f"pick an intermediate size / TP that divides by {group}")
+        raise UsageError(
+            f"K={k} is not a multiple of the scale group {group}: "
+            f"pick an intermediate size / TP that divides by {group}"
+        )
 
 
 def pack_nibbles(q: torch.Tensor) -> torch.Tensor:
@@ -60,19 +64,24 @@ def check_layout(qweight: torch.Tensor, scales: torch.Tensor, group: int = GROUP
     if scales.dtype not in SCALE_DTYPES:
         raise UsageError(f"scales must be fp16, bf16 or fp32, got {scales.dtype}")
     if qweight.dim() != 3 or scales.dim() != 3:
-        raise UsageError(f"qweight and scales must be [E, K/8, N] and [E, K/{group}, N], "
-                         f"got {tuple(qweight.shape)} and {tuple(scales.shape)}")
+        raise UsageError(
+            f"qweight and scales must be [E, K/8, N] and [E, K/{group}, N], "
+            f"got {tuple(qweight.shape)} and {tuple(scales.shape)}"
+        )
     e, k8, n = qweight.shape
     k = k8 * PACK
     check_k(k, group)
     if tuple(scales.shape) != (e, k // group, n):
-        raise UsageError(f"scales shape {tuple(scales.shape)} does not match qweight {tuple(qweight.shape)}: "
-                         f"expected {(e, k // group, n)} for group {group}")
+        raise UsageError(
+            f"scales shape {tuple(scales.shape)} does not match qweight {tuple(qweight.shape)}: "
+            f"expected {(e, k // group, n)} for group {group}"
+        )
     return e, k, n
 
 
-def dequantize(qweight: torch.Tensor, scales: torch.Tensor, group: int = GROUP,
-               dtype: torch.dtype | None = None) -> torch.Tensor:
+def dequantize(
+    qweight: torch.Tensor, scales: torch.Tensor, group: int = GROUP, dtype: torch.dtype | None = None
+) -> torch.Tensor:
     """[..., K/8, N] int32 + [..., K/group, N] scales -> [..., K, N] in dtype (default: the scales')."""
     dtype = dtype or scales.dtype
     # fp32 products rounded once to fp16/bf16 equal the half-precision products, and the CPU

@@ -56,8 +56,10 @@ class LlmScalerDown:
 
     def unavailable_reason(self, device, dtype) -> str | None:
         if find_op() is None:
-            return (f"torch.ops.{NAMESPACE}.{DOWN_OP} is not registered: build intel/llm-scaler's "
-                    f"custom_esimd_kernels_vllm (Intel GPU) and import it before b70bench")
+            return (
+                f"torch.ops.{NAMESPACE}.{DOWN_OP} is not registered: build intel/llm-scaler's "
+                f"custom_esimd_kernels_vllm (Intel GPU) and import it before b70bench"
+            )
         if dtype != torch.float16:
             return "llm-scaler's down op takes fp16 activations: use --dtype fp16"
         return None

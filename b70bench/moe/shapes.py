@@ -34,8 +34,9 @@ class MoeShape:
         if tp < 1:
             raise UsageError(f"--tp must be >= 1, got {tp}")
         if self.intermediate % tp:
-            raise UsageError(f"intermediate size {self.intermediate} does not split over TP {tp}: "
-                             f"pick a TP that divides it")
+            raise UsageError(
+                f"intermediate size {self.intermediate} does not split over TP {tp}: pick a TP that divides it"
+            )
         k = self.intermediate // tp
         layout.check_k(k, self.group)
         return k
@@ -97,15 +98,13 @@ def random_weights(shape: MoeShape, k: int, dtype: torch.dtype, device: torch.de
     """Uniform random nibbles and positive scales sized so outputs are O(1), never zeros."""
     gen = torch.Generator(device=device).manual_seed(seed)
     e, n = shape.experts, shape.hidden
-    qweight = torch.randint(-(2**31), 2**31, (e, k // layout.PACK, n), dtype=torch.int32,
-                            device=device, generator=gen)
+    qweight = torch.randint(-(2**31), 2**31, (e, k // layout.PACK, n), dtype=torch.int32, device=device, generator=gen)
     base = 1.0 / (4.6 * (k * shape.topk) ** 0.5)  # 4.6 ~ std of (nibble - 8)
     scales = (base * (0.5 + torch.rand((e, k // shape.group, n), device=device, generator=gen))).to(dtype)
     return Weights(qweight, scales, shape.group)
 
 
-def random_batch(shape: MoeShape, k: int, tokens: int, dtype: torch.dtype, device: torch.device,
-                 seed: int) -> Batch:
+def random_batch(shape: MoeShape, k: int, tokens: int, dtype: torch.dtype, device: torch.device, seed: int) -> Batch:
     ids, w = routing(tokens, shape, seed)
     gen = torch.Generator(device=device).manual_seed(seed + 7919)
     x = torch.randn((tokens, shape.topk, k), device=device, generator=gen).to(dtype)

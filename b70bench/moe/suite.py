@@ -82,12 +82,12 @@ def check(variant, reference, shape: MoeShape, weights, k: int, tokens: int, dty
     mx, mean, rel = diffs(out, ref64)
     mx_r, mean_r, _ = diffs(out, ref_out) if ref_out is not None else (None, None, None)
     ok = not math.isnan(rel) and rel <= TOLERANCE[dtype]
-    return {"max_diff": mx, "mean_diff": mean, "rel_err": rel, "max_diff_ref": mx_r, "mean_diff_ref": mean_r,
-            "ok": ok}
+    return {"max_diff": mx, "mean_diff": mean, "rel_err": rel, "max_diff_ref": mx_r, "mean_diff_ref": mean_r, "ok": ok}
 
 
-def rotation(per_call_bytes: int, hit: int, experts: int, expert_bytes: int, cache: int,
-             budget: int) -> tuple[int, int]:
+def rotation(
+    per_call_bytes: int, hit: int, experts: int, expert_bytes: int, cache: int, budget: int
+) -> tuple[int, int]:
     """(sets, weight copies): cycle through enough distinct data that each call reads memory,
     within a memory budget; sets spread over copies so their routed experts rarely repeat."""
     sets = max(1, min(MAX_SETS, math.ceil(COLD_FACTOR * cache / max(1, per_call_bytes))))
@@ -96,10 +96,21 @@ def rotation(per_call_bytes: int, hit: int, experts: int, expert_bytes: int, cac
     return sets, copies
 
 
-def measure(dev: Device, variant_names: list[str] | None = None, tokens=TOKENS, tps=TPS,
-            dtype: torch.dtype = torch.bfloat16, graph: bool = False, shape: MoeShape | None = None,
-            repeat: int = 20, warmup: int = 3, seed: int = 0, memory_budget: int | None = None,
-            anchor_gbps: float | None = None, tuned: dict | None = None) -> list[dict]:
+def measure(
+    dev: Device,
+    variant_names: list[str] | None = None,
+    tokens=TOKENS,
+    tps=TPS,
+    dtype: torch.dtype = torch.bfloat16,
+    graph: bool = False,
+    shape: MoeShape | None = None,
+    repeat: int = 20,
+    warmup: int = 3,
+    seed: int = 0,
+    memory_budget: int | None = None,
+    anchor_gbps: float | None = None,
+    tuned: dict | None = None,
+) -> list[dict]:
     """One record per (variant, tokens, tp): time, bandwidth, fraction of copy, diffs, skip reason."""
     shape = shape or MoeShape()
     shape.validate()
@@ -124,29 +135,58 @@ def measure(dev: Device, variant_names: list[str] | None = None, tokens=TOKENS, 
         k = ks[tp]
         expert_bytes = k * shape.hidden // 2
         for ntok in tokens:
-            base = dict(variant=None, tp=tp, tokens=ntok, k=k, n=shape.hidden, experts=shape.experts,
-                        topk=shape.topk, dtype=str(dtype).removeprefix("torch."), graph=graph,
-                        copy_gbps=anchor)
+            base = dict(
+                variant=None,
+                tp=tp,
+                tokens=ntok,
+                k=k,
+                n=shape.hidden,
+                experts=shape.experts,
+                topk=shape.topk,
+                dtype=str(dtype).removeprefix("torch."),
+                graph=graph,
+                copy_gbps=anchor,
+            )
             probe = random_batch(shape, k, ntok, dtype, dev.torch_device, seed + 1000 * tp + ntok)
             nbytes = roofline_bytes(shape, k, probe, dtype)
-            sets, copies = rotation(nbytes, probe.experts_hit, shape.experts, expert_bytes,
-                                    cache if rotates(dev) else 0, budget)
+            sets, copies = rotation(
+                nbytes, probe.experts_hit, shape.experts, expert_bytes, cache if rotates(dev) else 0, budget
+            )
             wsets = [random_weights(shape, k, dtype, dev.torch_device, seed + 17 * c + 1) for c in range(copies)]
-            batches = [probe] + [random_batch(shape, k, ntok, dtype, dev.torch_device, seed + 1000 * tp + ntok + 7 * i)
-                                 for i in range(1, sets)]
+            batches = [probe] + [
+                random_batch(shape, k, ntok, dtype, dev.torch_device, seed + 1000 * tp + ntok + 7 * i)
+                for i in range(1, sets)
+            ]
             set_bytes = [roofline_bytes(shape, k, b, dtype) for b in batches]
             mean_bytes = sum(set_bytes) / len(set_bytes)
-            base.update(experts_hit=probe.experts_hit, bytes=int(mean_bytes), rotation_sets=sets,
-                        weight_copies=copies, rotated_mb=sum(set_bytes) / MB, cache_mb=cache / MB,
-                        cold=sum(set_bytes) >= COLD_FACTOR * cache)
+            base.update(
+                experts_hit=probe.experts_hit,
+                bytes=int(mean_bytes),
+                rotation_sets=sets,
+                weight_copies=copies,
+                rotated_mb=sum(set_bytes) / MB,
+                cache_mb=cache / MB,
+                cold=sum(set_bytes) >= COLD_FACTOR * cache,
+            )
             for i, v in enumerate(chosen):
                 row = dict(base, variant=v.name, work=getattr(v, "work", WORK))
                 reason = v.unavailable_reason(dev, dtype)
                 if reason is None:
                     try:
                         row["config"] = v.label(wsets[0], probe) if hasattr(v, "label") else None
-                        row.update(check(v, reference, shape, wsets[0], k, ntok, dtype, dev,
-                                         seed + 100_000 + 1000 * tp + 10 * ntok + i))
+                        row.update(
+                            check(
+                                v,
+                                reference,
+                                shape,
+                                wsets[0],
+                                k,
+                                ntok,
+                                dtype,
+                                dev,
+                                seed + 100_000 + 1000 * tp + 10 * ntok + i,
+                            )
+                        )
                         v_bytes = mean_bytes
                         if hasattr(v, "roofline_bytes"):
                             v_bytes = sum(v.roofline_bytes(wsets[0], b) for b in batches) / len(batches)

@@ -80,10 +80,14 @@ class TorchInt4:
 
     def _ops(self, device):
         if device.backend == "cpu":
-            return (getattr(torch.ops.aten, "_convert_weight_to_int4pack_for_cpu", None),
-                    getattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu", None))
-        return (getattr(torch.ops.aten, "_convert_weight_to_int4pack", None),
-                getattr(torch.ops.aten, "_weight_int4pack_mm", None))
+            return (
+                getattr(torch.ops.aten, "_convert_weight_to_int4pack_for_cpu", None),
+                getattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu", None),
+            )
+        return (
+            getattr(torch.ops.aten, "_convert_weight_to_int4pack", None),
+            getattr(torch.ops.aten, "_weight_int4pack_mm", None),
+        )
 
     def unavailable_reason(self, device, dtype) -> str | None:
         convert, mm = self._ops(device)
@@ -220,17 +224,39 @@ class TritonVariant:
                 # dequantized there (-dq): after the wait little more than the products is left. Faster than
                 # 32x512x4 -pf at TP4; no gain at TP1 (more K than the registers hold before the wait) nor at
                 # 4-16 tokens.
-                cfg = Config(block_m=1, block_n=32, block_k=256, num_warps=2, num_stages=1, packed=True,
-                             paired=True, prefetch=True, pdl=True, early=True, dequant_early=True)
+                cfg = Config(
+                    block_m=1,
+                    block_n=32,
+                    block_k=256,
+                    num_warps=2,
+                    num_stages=1,
+                    packed=True,
+                    paired=True,
+                    prefetch=True,
+                    pdl=True,
+                    early=True,
+                    dequant_early=True,
+                )
                 return replace(cfg, **self.overrides)
             if batch.tokens == 1 and k > 512 and pdl and packed and group <= 512:
                 # 32-wide 4-warp tiles with -2r use 64 registers, leaving more SM slots than the grid needs;
                 # capped at the grid's share (-oN) and on N-tile-major weights (-tiled) they beat the 16-wide
                 # tiles (uncapped they are slower; capped but not tiled, about even).
                 programs = batch.experts_hit * -(-n // 32)
-                cfg = Config(block_m=1, block_n=32, block_k=512, num_warps=4, num_stages=1, packed=True,
-                             paired=True, tiled=n % 32 == 0, pdl=True, early=True, two_rows=True,
-                             programs_per_sm=-(-programs // sm_count(batch.x.device)))
+                cfg = Config(
+                    block_m=1,
+                    block_n=32,
+                    block_k=512,
+                    num_warps=4,
+                    num_stages=1,
+                    packed=True,
+                    paired=True,
+                    tiled=n % 32 == 0,
+                    pdl=True,
+                    early=True,
+                    two_rows=True,
+                    programs_per_sm=-(-programs // sm_count(batch.x.device)),
+                )
                 return replace(cfg, **self.overrides)
             if batch.tokens == 1 and k > 512:
                 bn, bk, warps, prefetch = 16, 512, 2, False
@@ -242,9 +268,20 @@ class TritonVariant:
             # products bound the time: TP1 2-4 tokens. Not for one token (fewer registers, more programs per SM)
             # nor TP4 at 4 tokens.
             two_rows = packed and bk >= group and batch.tokens > 1 and k > 512
-            cfg = Config(block_m=1, block_n=bn, block_k=bk, num_warps=warps, num_stages=1,
-                         fused_reduce=False, packed=packed, paired=packed, prefetch=prefetch, pdl=pdl,
-                         early=pdl, two_rows=two_rows)
+            cfg = Config(
+                block_m=1,
+                block_n=bn,
+                block_k=bk,
+                num_warps=warps,
+                num_stages=1,
+                fused_reduce=False,
+                packed=packed,
+                paired=packed,
+                prefetch=prefetch,
+                pdl=pdl,
+                early=pdl,
+                two_rows=two_rows,
+            )
             if batch.tokens > 4 and batch.ids_cpu.numel() >= 1.5 * batch.experts_hit:
                 # Where experts are shared (16 tokens: 128 pairs on ~74 experts) the products bound the
                 # time, not the bytes: an expert's pairs of pairs share one dequantization in 2-pair blocks,
@@ -296,8 +333,14 @@ def builtins() -> list:
     from b70bench.moe.llm_scaler import LlmScalerDown
     from b70bench.moe.vllm_experts import VllmExperts
 
-    return [Reference(), TritonVariant("triton"), TritonVariant("triton-htile", htile=True), TorchInt4(),
-            LlmScalerDown(), VllmExperts()]
+    return [
+        Reference(),
+        TritonVariant("triton"),
+        TritonVariant("triton-htile", htile=True),
+        TorchInt4(),
+        LlmScalerDown(),
+        VllmExperts(),
+    ]
 
 
 def _entry_points():

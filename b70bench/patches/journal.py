@@ -22,15 +22,16 @@ def _write_json(path: Path, obj) -> None:
     atomic_write_bytes(path, (json.dumps(obj, indent=2) + "\n").encode())
 
 
-
 def read_journal(env: Env) -> dict | None:
     try:
         return json.loads(env.journal_file.read_text())
     except FileNotFoundError:
         return None
     except ValueError:
-        raise UsageError(f"journal {env.journal_file} is unreadable (it is written atomically, so it was "
-                         f"edited by hand): restore the target from its fix command and delete {env.work}") from None
+        raise UsageError(
+            f"journal {env.journal_file} is unreadable (it is written atomically, so it was "
+            f"edited by hand): restore the target from its fix command and delete {env.work}"
+        ) from None
 
 
 def read_state(env: Env) -> dict:
@@ -62,8 +63,10 @@ def _run_build(target: dict, when: str) -> None:
     print(f"b70bench: rebuilding {target['root']} after {when}: {target['build']}", flush=True)
     done = subprocess.run(target["build"], shell=True, cwd=target["root"])
     if done.returncode != 0:
-        raise UsageError(f"build command for {target['root']} failed (exit {done.returncode}) after {when}: "
-                         f"fix the build, then run it by hand in that directory: {target['build']}")
+        raise UsageError(
+            f"build command for {target['root']} failed (exit {done.returncode}) after {when}: "
+            f"fix the build, then run it by hand in that directory: {target['build']}"
+        )
 
 
 def apply(ps: PatchSet, env: Env, commit: str | None = None) -> dict:
@@ -71,8 +74,7 @@ def apply(ps: PatchSet, env: Env, commit: str | None = None) -> dict:
     with env_lock(env, f"patches apply {ps.directory}"):
         journal = read_journal(env)
         if journal is not None:
-            if journal.get("phase") == "applied" and journal.get("patch_set_hash") == ps.hash \
-                    and not _drift(journal):
+            if journal.get("phase") == "applied" and journal.get("patch_set_hash") == ps.hash and not _drift(journal):
                 return read_state(env)
             raise UsageError(_busy_message(env, journal))
         changes = plan(ps, env)
@@ -82,11 +84,19 @@ def apply(ps: PatchSet, env: Env, commit: str | None = None) -> dict:
         entries = []
         for i, ch in enumerate(changes):
             st = ch.path.stat() if ch.original is not None else None
-            entry = {"target": ch.resolved.target.label, "root": str(ch.resolved.root), "rel": ch.rel,
-                     "path": str(ch.path), "patches": ch.patches,
-                     "orig_sha256": _sha(ch.original), "new_sha256": _sha(ch.patched),
-                     "mode": st.st_mode & 0o7777 if st else None, "mtime_ns": st.st_mtime_ns if st else None,
-                     "backup": None, "pycs": []}
+            entry = {
+                "target": ch.resolved.target.label,
+                "root": str(ch.resolved.root),
+                "rel": ch.rel,
+                "path": str(ch.path),
+                "patches": ch.patches,
+                "orig_sha256": _sha(ch.original),
+                "new_sha256": _sha(ch.patched),
+                "mode": st.st_mode & 0o7777 if st else None,
+                "mtime_ns": st.st_mtime_ns if st else None,
+                "backup": None,
+                "pycs": [],
+            }
             if ch.original is not None:
                 entry["backup"] = f"backup/{i:04d}"
                 atomic_write_bytes(env.work / entry["backup"], ch.original)
@@ -99,9 +109,17 @@ def apply(ps: PatchSet, env: Env, commit: str | None = None) -> dict:
         for ch in changes:
             t = ch.resolved
             targets[t.target.label] = {"root": str(t.root), "version": t.version, "build": t.target.build}
-        journal = {"version": 1, "phase": "applying", "patch_set_hash": ps.hash, "series": str(ps.directory),
-                   "patches": [p.name for p in ps.patches], "commit": commit, "started_at": _now(),
-                   "targets": targets, "files": entries}
+        journal = {
+            "version": 1,
+            "phase": "applying",
+            "patch_set_hash": ps.hash,
+            "series": str(ps.directory),
+            "patches": [p.name for p in ps.patches],
+            "commit": commit,
+            "started_at": _now(),
+            "targets": targets,
+            "files": entries,
+        }
         _write_json(env.journal_file, journal)
         try:
             for ch, entry in zip(changes, entries, strict=True):
@@ -126,10 +144,11 @@ def apply(ps: PatchSet, env: Env, commit: str | None = None) -> dict:
 
 def _busy_message(env: Env, journal: dict) -> str:
     phase = journal.get("phase")
-    what = {"applied": f"patch set {journal.get('patch_set_hash')} ({', '.join(journal.get('patches', []))}) "
-                       f"is applied",
-            "applying": "an apply was interrupted and left files half-patched",
-            "restoring": "a restore was interrupted"}.get(phase, f"the journal is in phase {phase!r}")
+    what = {
+        "applied": f"patch set {journal.get('patch_set_hash')} ({', '.join(journal.get('patches', []))}) is applied",
+        "applying": "an apply was interrupted and left files half-patched",
+        "restoring": "a restore was interrupted",
+    }.get(phase, f"the journal is in phase {phase!r}")
     files = ", ".join(e["rel"] for e in journal.get("files", [])) or "no files"
     return f"{env.prefix}: {what} ({files}): run `{env.restore_command()}` first"
 
@@ -186,15 +205,19 @@ def restore(env: Env, force: bool = False) -> dict | None:
         _write_json(env.journal_file, journal)
         drifted = _restore_files(env, journal, force)
         if drifted:
-            raise UsageError(f"{env.prefix}: {', '.join(drifted)} changed after the patches were applied, so "
-                             f"restoring would lose those edits: keep them elsewhere, then run "
-                             f"`{env.restore_command()} --force` (puts back the installed bytes)")
+            raise UsageError(
+                f"{env.prefix}: {', '.join(drifted)} changed after the patches were applied, so "
+                f"restoring would lose those edits: keep them elsewhere, then run "
+                f"`{env.restore_command()} --force` (puts back the installed bytes)"
+            )
         for t in journal.get("targets", {}).values():
             _run_build(t, "restoring")
         bad = _verify_journal(env, journal)
         if bad:
-            raise UsageError(f"{env.prefix}: after restore, {', '.join(bad)} still differ from RECORD: "
-                             f"reinstall the distribution (pip install --force-reinstall --no-deps NAME==VERSION)")
+            raise UsageError(
+                f"{env.prefix}: after restore, {', '.join(bad)} still differ from RECORD: "
+                f"reinstall the distribution (pip install --force-reinstall --no-deps NAME==VERSION)"
+            )
         _finish_restore(env, journal)
         return journal
 
@@ -230,4 +253,3 @@ def _is_pyc_of(rel: str, sources: set[str]) -> bool:
         if rel.startswith(f"{folder}/__pycache__/{stem}.".lstrip("/")):
             return True
     return False
-

@@ -18,7 +18,6 @@ def _now() -> str:
     return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
 
 
-
 @contextlib.contextmanager
 def env_lock(env: Env, what: str):
     """Exclusive use of env for this process (and children given its token); refuses, never waits."""
@@ -34,9 +33,11 @@ def env_lock(env: Env, what: str):
             if token and f"token {token}" in holder:
                 yield token  # our parent holds it for us
                 return
-            raise UsageError(f"environment {env.prefix} is in use ({holder or 'by another process'}): wait for "
-                             f"that run to finish; two runs on one environment would measure each other's "
-                             f"patches") from None
+            raise UsageError(
+                f"environment {env.prefix} is in use ({holder or 'by another process'}): wait for "
+                f"that run to finish; two runs on one environment would measure each other's "
+                f"patches"
+            ) from None
         token = secrets.token_hex(8)
         f.seek(0)
         f.truncate()
@@ -50,4 +51,3 @@ def env_lock(env: Env, what: str):
             fcntl.flock(f, fcntl.LOCK_UN)
     finally:
         f.close()
-

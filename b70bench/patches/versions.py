@@ -27,11 +27,18 @@ def version_matches(version: str, spec: str | None) -> bool:
             a, b = _release(version), _release(want)
             n = max(len(a), len(b))
             a, b = a + (0,) * (n - len(a)), b + (0,) * (n - len(b))
-            ok = {"==": a == b, "===": version == want, "!=": a != b, ">=": a >= b, "<=": a <= b,
-                  ">": a > b, "<": a < b, "~=": a >= b and a[:len(b) - 1] == b[:len(b) - 1]}[op]
+            ok = {
+                "==": a == b,
+                "===": version == want,
+                "!=": a != b,
+                ">=": a >= b,
+                "<=": a <= b,
+                ">": a > b,
+                "<": a < b,
+                "~=": a >= b and a[: len(b) - 1] == b[: len(b) - 1],
+            }[op]
         if op == "!=" and want.endswith(".*"):
             ok = not ok
         if not ok:
             return False
     return True
-

@@ -32,6 +32,7 @@ MODES = ("in-place", "clone", "empty-copy")  # the minimal loop has no functiona
 
 # -- the summary: plain Python, so --report runs anywhere --
 
+
 def label(n: int) -> str:
     for unit, f in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if n >= f and n % f == 0:
@@ -47,20 +48,35 @@ def summarize(rounds: list[dict]) -> list[dict]:
     out = []
     for (graph, size, mode), rs in groups.items():
         pairs = [r for r in rs if r["a_us"] and r["b_us"]]
-        row = {"graph": graph, "size_bytes": size, "mode": mode, "rounds": len(pairs),
-               "skipped": next((r["skipped"] for r in rs if r.get("skipped")), None)}
+        row = {
+            "graph": graph,
+            "size_bytes": size,
+            "mode": mode,
+            "rounds": len(pairs),
+            "skipped": next((r["skipped"] for r in rs if r.get("skipped")), None),
+        }
         if pairs:
             a, b = [r["a_us"] for r in pairs], [r["b_us"] for r in pairs]
             ratio = [r["b_us"] / r["a_us"] for r in pairs]
             by_order = {o: [r["b_us"] / r["a_us"] for r in pairs if r["order"] == o] for o in ("AB", "BA")}
-            row.update(a_us=statistics.median(a), a_us_min=min(a), a_us_max=max(a),
-                       b_us=statistics.median(b), b_us_min=min(b), b_us_max=max(b),
-                       ratio=statistics.median(ratio), ratio_min=min(ratio), ratio_max=max(ratio),
-                       ratio_q1=quantile(ratio, 0.25), ratio_q3=quantile(ratio, 0.75), ratio_ci95=median_ci(ratio),
-                       ratio_ab=statistics.median(by_order["AB"]) if by_order["AB"] else None,
-                       ratio_ba=statistics.median(by_order["BA"]) if by_order["BA"] else None,
-                       within_5pct=abs(statistics.median(ratio) - 1) <= 0.05,
-                       wrong=sum(r.get("wrong") or 0 for r in rs))
+            row.update(
+                a_us=statistics.median(a),
+                a_us_min=min(a),
+                a_us_max=max(a),
+                b_us=statistics.median(b),
+                b_us_min=min(b),
+                b_us_max=max(b),
+                ratio=statistics.median(ratio),
+                ratio_min=min(ratio),
+                ratio_max=max(ratio),
+                ratio_q1=quantile(ratio, 0.25),
+                ratio_q3=quantile(ratio, 0.75),
+                ratio_ci95=median_ci(ratio),
+                ratio_ab=statistics.median(by_order["AB"]) if by_order["AB"] else None,
+                ratio_ba=statistics.median(by_order["BA"]) if by_order["BA"] else None,
+                within_5pct=abs(statistics.median(ratio) - 1) <= 0.05,
+                wrong=sum(r.get("wrong") or 0 for r in rs),
+            )
         out.append(row)
     return out
 
@@ -72,16 +88,30 @@ def nccl_columns(nccl_dir: str | None):
     sys.path.insert(0, SCRIPT_DIR)
     from allreduce_report import nccl_in_place, nccl_tests
 
-    return {g: (nccl_in_place, nccl_tests(os.path.join(nccl_dir, f)))
-            for g, f in ((False, "nccl-tests.txt"), (True, "nccl-tests-graph.txt"))}
+    return {
+        g: (nccl_in_place, nccl_tests(os.path.join(nccl_dir, f)))
+        for g, f in ((False, "nccl-tests.txt"), (True, "nccl-tests-graph.txt"))
+    }
 
 
 def table(rows: list[dict], nccl=None) -> str:
     def rng(lo, hi, nd=1):
         return f"[{lo:.{nd}f}, {hi:.{nd}f}]"
 
-    head = ["how", "size", "mode", "rounds", "A minimal us: median [min, max]", "B suite us: median [min, max]",
-            "B/A per round: median", "95% CI of median", "IQR", "[min, max]", "AB / BA rounds", "within 5%"]
+    head = [
+        "how",
+        "size",
+        "mode",
+        "rounds",
+        "A minimal us: median [min, max]",
+        "B suite us: median [min, max]",
+        "B/A per round: median",
+        "95% CI of median",
+        "IQR",
+        "[min, max]",
+        "AB / BA rounds",
+        "within 5%",
+    ]
     if nccl:
         head += ["nccl-tests in-place us", "B over nccl-tests"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -92,12 +122,16 @@ def table(rows: list[dict], nccl=None) -> str:
             continue
         ci = r["ratio_ci95"]
         ab = "/".join("-" if r[k] is None else f"{r[k]:.3f}" for k in ("ratio_ab", "ratio_ba"))
-        cells += [f"{r['a_us']:.1f} {rng(r['a_us_min'], r['a_us_max'])}",
-                  f"{r['b_us']:.1f} {rng(r['b_us_min'], r['b_us_max'])}",
-                  f"**{r['ratio']:.3f}**", rng(*ci, 3) if ci else "- (too few rounds)",
-                  rng(r["ratio_q1"], r["ratio_q3"], 3), rng(r["ratio_min"], r["ratio_max"], 3), ab,
-                  ("yes, CI too" if ci and 0.95 <= ci[0] and ci[1] <= 1.05 else "yes") if r["within_5pct"]
-                  else "**no**"]
+        cells += [
+            f"{r['a_us']:.1f} {rng(r['a_us_min'], r['a_us_max'])}",
+            f"{r['b_us']:.1f} {rng(r['b_us_min'], r['b_us_max'])}",
+            f"**{r['ratio']:.3f}**",
+            rng(*ci, 3) if ci else "- (too few rounds)",
+            rng(r["ratio_q1"], r["ratio_q3"], 3),
+            rng(r["ratio_min"], r["ratio_max"], 3),
+            ab,
+            ("yes, CI too" if ci and 0.95 <= ci[0] and ci[1] <= 1.05 else "yes") if r["within_5pct"] else "**no**",
+        ]
         if nccl:
             find, nt = nccl[r["graph"]]
             ref, text = find(nt, r["size_bytes"])
@@ -117,15 +151,18 @@ def report(path: str, nccl_dir: str | None) -> int:
     with open(path) as f:
         doc = json.load(f)
     fp = doc.get("fingerprint") or {}
-    print(f"{doc.get('rounds_eager', '?')} eager / {doc.get('rounds_graph', '?')} graph rounds, "
-          f"{doc.get('world_size')} ranks, {doc.get('collective')}, fp16, {fp.get('device')}, torch {fp.get('torch')}, "
-          f"commit {fp.get('commit')}; us per allreduce")
+    print(
+        f"{doc.get('rounds_eager', '?')} eager / {doc.get('rounds_graph', '?')} graph rounds, "
+        f"{doc.get('world_size')} ranks, {doc.get('collective')}, fp16, {fp.get('device')}, torch {fp.get('torch')}, "
+        f"commit {fp.get('commit')}; us per allreduce"
+    )
     print(table(doc["records"], nccl_columns(nccl_dir)))
     print(like_for_like(doc.get("rounds_raw", []), doc.get("iters"), doc.get("repeat")))
     return 0
 
 
 # -- the measurement: one rank under torchrun --
+
 
 def agree_max(values: list[float], device) -> list[float]:
     import torch
@@ -146,15 +183,28 @@ def one_round(me, i: int, graph: bool, args) -> list[dict]:
             got = {}
             for who in order:
                 if who == "A":
-                    got["A"] = minimal_allreduce.minimal(size, mode, graph, args.iters, args.repeat,
-                                                         me.dev.torch_device)
+                    got["A"] = minimal_allreduce.minimal(
+                        size, mode, graph, args.iters, args.repeat, me.dev.torch_device
+                    )
                 else:
                     got["B"] = me.row(size, "c10d", mode)
             b = got["B"]
-            out.append({"round": i, "order": order, "graph": graph, "size_bytes": size, "mode": mode,
-                        "a_us": got["A"] * 1e6, "b_us": b.get("time_us"), "skipped": b.get("skipped"),
-                        "b_iters": b.get("iters"), "b_repeat": b.get("repeat"), "wrong": b.get("wrong"),
-                        "b_samples_s": b.get("samples_s")})
+            out.append(
+                {
+                    "round": i,
+                    "order": order,
+                    "graph": graph,
+                    "size_bytes": size,
+                    "mode": mode,
+                    "a_us": got["A"] * 1e6,
+                    "b_us": b.get("time_us"),
+                    "skipped": b.get("skipped"),
+                    "b_iters": b.get("iters"),
+                    "b_repeat": b.get("repeat"),
+                    "wrong": b.get("wrong"),
+                    "b_samples_s": b.get("samples_s"),
+                }
+            )
     return out
 
 
@@ -174,8 +224,11 @@ def phase(me, graph: bool, budget_s: float, args) -> list[dict]:
         rows += got
         if me.rank == 0:
             worst = max((r["b_us"] / r["a_us"] for r in got if r["b_us"]), default=float("nan"))
-            print(f"{'graph' if graph else 'eager'} round {i} ({got[0]['order']}): {time.perf_counter() - r0:.1f} s, "
-                  f"largest B/A {worst:.3f}", flush=True)
+            print(
+                f"{'graph' if graph else 'eager'} round {i} ({got[0]['order']}): {time.perf_counter() - r0:.1f} s, "
+                f"largest B/A {worst:.3f}",
+                flush=True,
+            )
     return rows
 
 
@@ -192,8 +245,16 @@ def measure(args) -> int:
     rank, world, local = env
     # A budget this large keeps the row's plan at exactly iters x repeat, as the CLI's 4 s does on
     # the H200 at these sizes (its 1 s CPU default would cut iters below A's).
-    p = Params(sizes=args.sizes, modes=args.modes, paths=["c10d"], backend="gloo" if args.cpu else "nccl",
-               iters=args.iters, repeat=args.repeat, budget_s=3600.0, timeout_s=args.timeout).validate()
+    p = Params(
+        sizes=args.sizes,
+        modes=args.modes,
+        paths=["c10d"],
+        backend="gloo" if args.cpu else "nccl",
+        iters=args.iters,
+        repeat=args.repeat,
+        budget_s=3600.0,
+        timeout_s=args.timeout,
+    ).validate()
     me = Rank(p, rank, world, local, None, launched=False)
     me.fault.at("measure")  # B70BENCH_FAULT=rank1:die|hang, as the suite's fault tests use it
     phases = [(False, args.eager_s)]
@@ -210,14 +271,26 @@ def measure(args) -> int:
         rounds += phase(me, graph, budget, args)
         if rank == 0 and args.json:  # after every phase: a later failure keeps what was measured
             n = {g: len({r["round"] for r in rounds if r["graph"] == g}) for g in (False, True)}
-            records.write_json(args.json, [records.record("allreduce-abab", fp, **r) for r in summarize(rounds)],
-                               fingerprint=fp, world_size=world, collective=me.collective, command=sys.argv,
-                               iters=args.iters, repeat=args.repeat, rounds_eager=n[False], rounds_graph=n[True],
-                               graph_skipped=graph_skip, rounds_raw=rounds)
+            records.write_json(
+                args.json,
+                [records.record("allreduce-abab", fp, **r) for r in summarize(rounds)],
+                fingerprint=fp,
+                world_size=world,
+                collective=me.collective,
+                command=sys.argv,
+                iters=args.iters,
+                repeat=args.repeat,
+                rounds_eager=n[False],
+                rounds_graph=n[True],
+                graph_skipped=graph_skip,
+                rounds_raw=rounds,
+            )
     if rank == 0:
-        print(f"\nA = minimal loop, B = suite's Rank.row; {world} ranks, {me.collective}, fp16, us per allreduce, "
-              f"{args.iters} ops x {args.repeat} samples per round" + (f"; graph skipped: {graph_skip}" if graph_skip
-                                                                      else ""))
+        print(
+            f"\nA = minimal loop, B = suite's Rank.row; {world} ranks, {me.collective}, fp16, us per allreduce, "
+            f"{args.iters} ops x {args.repeat} samples per round"
+            + (f"; graph skipped: {graph_skip}" if graph_skip else "")
+        )
         print(table(summarize(rounds)))
         print(like_for_like(rounds, args.iters, args.repeat))
     me.teardown()  # graphs released, barrier, destroy: under the suite's guard, never waited out

@@ -69,12 +69,18 @@ def section(d, how):
     graph = how == "graph"
     nt = nccl_tests(os.path.join(d, "nccl-tests-graph.txt" if graph else "nccl-tests.txt"))
     minis = load(os.path.join(d, f"minimal-{how}-*.json"))
-    runs = [{(r["size_bytes"], r["path"], r["mode"]): r for r in doc["records"] if "time_us" in r}
-            for doc in load(os.path.join(d, f"suite-{how}-[0-9].json"))]
-    print(f"\n### {'CUDA graph replay' if graph else 'Eager'}: {len(runs)} suite runs, {len(minis)} minimal-loop runs; "
-          f"nccl-tests {'`-n 20 -G 100`' if graph else '`-n 100` (host-timed)'}\n")
-    print("| size | mode | nccl-tests in-place | minimal loop | suite c10d | suite / minimal (medians) | "
-          "c10d over nccl-tests | raw (CuPy NCCL, current stream) | tax over in-place | latency (1 op) | wrong |")
+    runs = [
+        {(r["size_bytes"], r["path"], r["mode"]): r for r in doc["records"] if "time_us" in r}
+        for doc in load(os.path.join(d, f"suite-{how}-[0-9].json"))
+    ]
+    print(
+        f"\n### {'CUDA graph replay' if graph else 'Eager'}: {len(runs)} suite runs, {len(minis)} minimal-loop runs; "
+        f"nccl-tests {'`-n 20 -G 100`' if graph else '`-n 100` (host-timed)'}\n"
+    )
+    print(
+        "| size | mode | nccl-tests in-place | minimal loop | suite c10d | suite / minimal (medians) | "
+        "c10d over nccl-tests | raw (CuPy NCCL, current stream) | tax over in-place | latency (1 op) | wrong |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|")
 
     def col(size, path, mode, key):
@@ -93,14 +99,18 @@ def section(d, how):
             wrong = sum(w or 0 for path in ("c10d", "raw") for w in col(size, path, mode, "wrong"))
             tax = "0" if mode == "in-place" else spread(col(size, "c10d", mode, "tax_us"))
             raw, lat = spread(col(size, "raw", mode, "time_us")), spread(col(size, "c10d", mode, "latency_us"))
-            print(f"| {label(size)} | {mode} | {ref_text} | {spread(mini)} | {spread(times)} | {ratio} | {gap} | "
-                  f"{raw} | {tax} | {lat} | {wrong} |")
+            print(
+                f"| {label(size)} | {mode} | {ref_text} | {spread(mini)} | {spread(times)} | {ratio} | {gap} | "
+                f"{raw} | {tax} | {lat} | {wrong} |"
+            )
     big = 256 << 20
     bus = col(big, "c10d", "in-place", "busbw_gbps")
     if big in nt and bus:
-        print(f"\nbusbw at 256 MiB, in-place: suite c10d {spread(bus)} GB/s, raw "
-              f"{spread(col(big, 'raw', 'in-place', 'busbw_gbps'))} GB/s; nccl-tests {nt[big][3]:.1f} GB/s in-place "
-              f"({nt[big][1]:.1f} out-of-place): suite / nccl-tests = {statistics.median(bus) / nt[big][3]:.3f}")
+        print(
+            f"\nbusbw at 256 MiB, in-place: suite c10d {spread(bus)} GB/s, raw "
+            f"{spread(col(big, 'raw', 'in-place', 'busbw_gbps'))} GB/s; nccl-tests {nt[big][3]:.1f} GB/s in-place "
+            f"({nt[big][1]:.1f} out-of-place): suite / nccl-tests = {statistics.median(bus) / nt[big][3]:.3f}"
+        )
 
 
 def main():

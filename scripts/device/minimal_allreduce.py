@@ -5,6 +5,7 @@ Prints one JSON line (rank 0): per size and mode, the median over 20 samples of 
 fp16 allreduces (host clock after synchronize), maximum over ranks. allreduce_abab.py times the
 same minimal() against the suite's row in one process.
 """
+
 import json
 import os
 import statistics
@@ -23,8 +24,11 @@ def minimal(size: int, mode: str, graph: bool, iters: int, repeat: int, device) 
     cuda = device.type == "cuda"
     x = torch.ones(size // 2, dtype=torch.float16, device=device)
     out = torch.empty_like(x)
-    op = {"in-place": lambda: dist.all_reduce(x), "clone": lambda: dist.all_reduce(x.clone()),
-          "empty-copy": lambda: dist.all_reduce(out.copy_(x))}[mode]
+    op = {
+        "in-place": lambda: dist.all_reduce(x),
+        "clone": lambda: dist.all_reduce(x.clone()),
+        "empty-copy": lambda: dist.all_reduce(out.copy_(x)),
+    }[mode]
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     if cuda:
         side = torch.cuda.Stream()
@@ -70,9 +74,16 @@ def main() -> int:
     local = int(os.environ["LOCAL_RANK"])
     torch.cuda.set_device(local)
     dist.init_process_group("nccl", device_id=torch.device("cuda", local))
-    rows = [{"size_bytes": size, "mode": mode, "graph": graph,
-             "time_us": minimal(size, mode, graph, ITERS, REPEAT, torch.device("cuda", local)) * 1e6}
-            for size in SIZES for mode in MODES]
+    rows = [
+        {
+            "size_bytes": size,
+            "mode": mode,
+            "graph": graph,
+            "time_us": minimal(size, mode, graph, ITERS, REPEAT, torch.device("cuda", local)) * 1e6,
+        }
+        for size in SIZES
+        for mode in MODES
+    ]
     torch.cuda.synchronize()
     dist.barrier(device_ids=[local])
     dist.destroy_process_group()

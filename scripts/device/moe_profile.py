@@ -5,6 +5,7 @@
 
 ncu replays the profiled launch with its caches flushed, so the weights come from HBM as in the suite.
 """
+
 import argparse
 
 import torch
@@ -31,5 +32,12 @@ for _ in range(args.calls):
 if dev.type == "cuda":
     torch.cuda.synchronize()
 # ncu's dram__bytes_read next to this: bytes read beyond the roofline's are weights read twice.
-print("ok", args.config, float(out.float().abs().mean()), "roofline_bytes",
-      shapes.roofline_bytes(shape, k, batch, torch.bfloat16), "experts_hit", batch.experts_hit)
+print(
+    "ok",
+    args.config,
+    float(out.float().abs().mean()),
+    "roofline_bytes",
+    shapes.roofline_bytes(shape, k, batch, torch.bfloat16),
+    "experts_hit",
+    batch.experts_hit,
+)

@@ -9,6 +9,7 @@ registers, static and dynamic shared memory, warps, the -oN pad and the programs
 kernel's preferred shared-memory carveout (CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT), i.e. how much of
 the SM's memory is shared memory rather than L1. CUDA only (libcuda through ctypes). Results: docs/moe-down.md.
 """
+
 import ctypes
 import json
 import os
@@ -38,14 +39,27 @@ def run(*args, **kwargs):
         if carveout is not None:
             cuda.cuFuncSetAttribute(ctypes.c_void_p(fn), CU_FUNC_ATTRIBUTE_CARVEOUT, ctypes.c_int(int(carveout)))
         blocks = ctypes.c_int()
-        cuda.cuOccupancyMaxActiveBlocksPerMultiprocessor(ctypes.byref(blocks), ctypes.c_void_p(fn),
-                                                         ctypes.c_int(compiled.metadata.num_warps * 32),
-                                                         ctypes.c_size_t(compiled.metadata.shared))
-        print("OCC", json.dumps(dict(regs=attribute(fn, CU_FUNC_ATTRIBUTE_NUM_REGS),
-                                     static_smem=attribute(fn, CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES),
-                                     dyn_smem=compiled.metadata.shared, warps=compiled.metadata.num_warps,
-                                     pad=kwargs.get("PAD", 0), carveout=attribute(fn, CU_FUNC_ATTRIBUTE_CARVEOUT),
-                                     programs_per_sm=blocks.value)), flush=True)
+        cuda.cuOccupancyMaxActiveBlocksPerMultiprocessor(
+            ctypes.byref(blocks),
+            ctypes.c_void_p(fn),
+            ctypes.c_int(compiled.metadata.num_warps * 32),
+            ctypes.c_size_t(compiled.metadata.shared),
+        )
+        print(
+            "OCC",
+            json.dumps(
+                dict(
+                    regs=attribute(fn, CU_FUNC_ATTRIBUTE_NUM_REGS),
+                    static_smem=attribute(fn, CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES),
+                    dyn_smem=compiled.metadata.shared,
+                    warps=compiled.metadata.num_warps,
+                    pad=kwargs.get("PAD", 0),
+                    carveout=attribute(fn, CU_FUNC_ATTRIBUTE_CARVEOUT),
+                    programs_per_sm=blocks.value,
+                )
+            ),
+            flush=True,
+        )
     return compiled
 
 

@@ -8,6 +8,7 @@ of a bf16 buffer, graph-replayed 16 calls at a time over enough rotated buffers 
 every read comes from HBM, timed on device events, median of 30 replays. One JSON line per (op, size). `launch`: the
 Triton kernel with nothing to read (132 programs), i.e. a graph-replayed launch alone.
 """
+
 import json
 import statistics
 import sys
@@ -24,6 +25,8 @@ def _read(src, out, n, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     v = tl.load(src + offs, mask=offs < n, other=0, eviction_policy="evict_first")
     tl.store(out + tl.program_id(0), tl.sum(v, axis=0))
+
+
 L2 = torch.cuda.get_device_properties(0).L2_cache_size
 
 
@@ -34,8 +37,11 @@ def floor(op: str, nbytes: int) -> dict:
     words = [s.view(torch.int32) for s in src]
     block = 4096
     grid = (triton.cdiv(words[0].numel(), block),)
-    dst = [torch.empty_like(s) for s in src] if op == "copy" else [torch.empty(grid[0], device="cuda",
-                                                                                dtype=torch.int32) for _ in src]
+    dst = (
+        [torch.empty_like(s) for s in src]
+        if op == "copy"
+        else [torch.empty(grid[0], device="cuda", dtype=torch.int32) for _ in src]
+    )
     state = {"i": 0}
 
     def call():
