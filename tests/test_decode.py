@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pytest
 
-from b70bench.decode import gate, hooks, logs, model, runner, suite
+from b70bench.decode import environment, gate, hooks, logs, model, runner, suite
 from b70bench.decode.child import RESULT_PREFIX
 from b70bench.errors import UsageError
 
@@ -151,10 +151,10 @@ def test_shapes_env_file_engine_args(tmp_path):
             suite.parse_shape(bad)
     f = tmp_path / "flags.env"
     f.write_text("# lab flags\nexport VLLM_A=1\nB='two words'\n\n")
-    assert suite.read_env_file(f) == {"VLLM_A": "1", "B": "two words"}
+    assert environment.read_env_file(f) == {"VLLM_A": "1", "B": "two words"}
     f.write_text("not a line\n")
     with pytest.raises(UsageError, match="flags.env:1"):
-        suite.read_env_file(f)
+        environment.read_env_file(f)
     assert suite.parse_engine_args(["enforce_eager=true", "block-size=64", "kv_cache_dtype=fp8"]) == {
         "enforce_eager": True,
         "block_size": 64,
@@ -431,12 +431,12 @@ def test_asv_adapter_cache_key_figures_come_from_the_decode_run(tmp_path):
 
 
 def test_cpu_engine_defaults_reach_the_child_and_the_record(tmp_path, fake_child, monkeypatch):
-    monkeypatch.setattr(suite, "CPU_ENGINE_ENV", {"VLLM_X_DEFAULT": "0", "VLLM_CPU_KVCACHE_SPACE": "1"})
-    monkeypatch.setattr(suite, "CPU_PRELOAD_DIRS", ())
-    env = suite.engine_env("cpu", {"VLLM_X_DEFAULT": "1"}, None)
+    monkeypatch.setattr(environment, "CPU_ENGINE_ENV", {"VLLM_X_DEFAULT": "0", "VLLM_CPU_KVCACHE_SPACE": "1"})
+    monkeypatch.setattr(environment, "CPU_PRELOAD_DIRS", ())
+    env = environment.engine_env("cpu", {"VLLM_X_DEFAULT": "1"}, None)
     assert env == {"VLLM_X_DEFAULT": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}  # the caller's setting wins
-    assert "VLLM_CPU_KVCACHE_SPACE" not in suite.engine_env("cpu", {}, 0.3)  # an explicit fraction wins
-    assert suite.engine_env("cuda", {}, None) == {}
+    assert "VLLM_CPU_KVCACHE_SPACE" not in environment.engine_env("cpu", {}, 0.3)  # an explicit fraction wins
+    assert environment.engine_env("cuda", {}, None) == {}
     monkeypatch.delenv("VLLM_X_DEFAULT", raising=False)
     monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
     monkeypatch.delenv("PYTHONHASHSEED", raising=False)
@@ -490,10 +490,10 @@ def test_host_probe_times_a_fixed_loop(monkeypatch):
 
 def test_cpu_preload_names_the_libraries_found_and_keeps_a_callers_own(tmp_path, monkeypatch):
     (tmp_path / "libiomp5.so").write_text("")
-    monkeypatch.setattr(suite, "CPU_PRELOAD_DIRS", (tmp_path / "none", tmp_path))
-    assert suite.cpu_preload() == str(tmp_path / "libiomp5.so")  # no tcmalloc here: only what exists
+    monkeypatch.setattr(environment, "CPU_PRELOAD_DIRS", (tmp_path / "none", tmp_path))
+    assert environment.cpu_preload() == str(tmp_path / "libiomp5.so")  # no tcmalloc here: only what exists
     (tmp_path / "libtcmalloc_minimal.so.4").write_text("")
     both = f"{tmp_path / 'libtcmalloc_minimal.so.4'}:{tmp_path / 'libiomp5.so'}"
-    assert suite.engine_env("cpu", {}, None)["LD_PRELOAD"] == both
-    assert suite.engine_env("cpu", {"LD_PRELOAD": ""}, None)["LD_PRELOAD"] == ""  # the caller's, even empty
-    assert "LD_PRELOAD" not in suite.engine_env("cuda", {}, None)
+    assert environment.engine_env("cpu", {}, None)["LD_PRELOAD"] == both
+    assert environment.engine_env("cpu", {"LD_PRELOAD": ""}, None)["LD_PRELOAD"] == ""  # the caller's, even empty
+    assert "LD_PRELOAD" not in environment.engine_env("cuda", {}, None)

