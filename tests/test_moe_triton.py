@@ -167,54 +167,84 @@ def test_mixed_tiling_is_a_two_pair_and_a_one_pair_tiling_that_agree():
         )
 
 
+# (K, tokens) -> the tiling docs/moe-down.md measured fastest on an H200 (MiniMax TP1 / TP4, N 3072, bf16).
+H200_TABLE = {
+    (1536, 1): "m1n32k512s1w4st1sum-packed-paired-tiled-o6-pdl-early-2r",
+    (1536, 4): "m1n32k512s1w4st1sum-packed-paired-pf-pdl-early-2r",
+    (1536, 16): "m2n64k128s1w2st1sum-packed-paired-pdl-early-2r+m1n64k128s1w2st1sum-packed-paired-pf-pdl-early-2r",
+    (384, 1): "m1n32k256s1w2st1sum-packed-paired-pf-pdl-early-dq",
+    (384, 4): "m1n64k128s1w2st1sum-packed-paired-pf-pdl-early",
+    (384, 16): "m2n64k128s1w2st1sum-packed-paired-pdl-early-2r+m1n64k128s1w2st1sum-packed-paired-pf-pdl-early-2r",
+}
+
+
+def _minimax_batch(k, tokens, dtype=None):
+    import torch
+
+    from b70bench.moe import shapes
+
+    shape = shapes.MoeShape(hidden=3072, intermediate=k, experts=256, topk=8)
+    return shapes.random_batch(shape, k, tokens, dtype or torch.bfloat16, torch.device("cpu"), 0)
+
+
+def test_htile_takes_the_shipped_h200_table_on_an_h200_only(monkeypatch):
+    """On a device named NVIDIA H200 with 16-bit activations `triton-htile` takes the table's tiling per
+    (K, N, tokens), read by the `--tuned` loader; fp32 activations, a shape the table lacks (TP2's K 768) and
+    another GPU get the untuned default."""
+    import torch
+
+    from b70bench.moe import launch, policies, tune, variants
+
+    path = policies.table_path("NVIDIA H200")
+    assert path.name == "device_name=NVIDIA_H200.json"
+    assert {(k, t): cfg.label() for (k, n, t), cfg in tune.load_tuned(path).items() if n == 3072} == H200_TABLE
+    monkeypatch.setattr(policies, "device_name", lambda device: "NVIDIA H200")
+    htile = variants.TritonVariant("triton-htile", htile=True)
+    for (k, tokens), label in H200_TABLE.items():
+        for dtype in (torch.bfloat16, torch.float16):
+            cfg = htile.choose(k, 3072, _minimax_batch(k, tokens, dtype), 128)
+            assert cfg.label() == label
+            launch.check_config(cfg, k, 128)
+    batch = _minimax_batch(1536, 1, torch.float32)
+    assert htile.choose(1536, 3072, batch, 128) == variants.default_tiling(1536, 3072, batch, 128, True)
+    batch = _minimax_batch(768, 1)
+    assert htile.choose(768, 3072, batch, 128) == variants.default_tiling(768, 3072, batch, 128, True)
+    monkeypatch.setattr(policies, "device_name", lambda device: "NVIDIA A100-SXM4-80GB")
+    batch = _minimax_batch(1536, 1)
+    assert htile.choose(1536, 3072, batch, 128).label() == "m1n32k512s1w4st1sum-packed-paired-pf"
+    # A sweep's file (--tuned) comes before the table.
+    monkeypatch.setattr(policies, "device_name", lambda device: "NVIDIA H200")
+    mine = launch.Config(block_m=1, block_n=16, block_k=512, num_warps=2, num_stages=1, packed=True)
+    assert (
+        variants.TritonVariant("triton-htile", htile=True, tuned={(1536, 3072, 1): mine}).choose(1536, 3072, batch, 128)
+        is mine
+    )
+
+
 @pytest.mark.parametrize(
     "k,tokens,label",
     [
-        (1536, 1, "m1n16k512s1w2st1sum-packed-paired"),  # several K-blocks: narrow tiles, no prefetch
-        (384, 1, "m1n32k512s1w4st1sum-packed-paired-pf"),  # one (masked) K-block
-        (1536, 4, "m1n32k512s1w4st1sum-packed-paired-pf-2r"),  # 2-4 tokens over several blocks: row pairs
-        (1536, 2, "m1n32k512s1w4st1sum-packed-paired-pf-2r"),
-        # shared experts: 2-pair blocks of an expert's pairs of pairs, the odd pairs as below, both with row pairs
-        (1536, 16, "m2n64k128s1w2st1sum-packed-paired-2r+m1n64k128s1w2st1sum-packed-paired-pf-2r"),
-        (384, 4, "m1n64k128s1w2st1sum-packed-paired-pf"),
-        (384, 16, "m2n64k128s1w2st1sum-packed-paired-2r+m1n64k128s1w2st1sum-packed-paired-pf-2r"),
+        (1536, 1, "m1n32k512s1w4st1sum-packed-paired-pf"),  # 32-wide, K-blocks up to 512
+        (256, 1, "m1n32k256s1w4st1sum-packed-paired-pf"),
+        (384, 4, "m1n32k512s1w4st1sum-packed-paired-pf"),  # one masked K-block
+        # shared experts (16 tokens: 128 pairs on 74 experts): 2-pair blocks of an expert's pairs of pairs
+        (1536, 16, "m2n64k128s1w2st1sum-packed-paired+m1n64k128s1w2st1sum-packed-paired-pf"),
     ],
 )
-def test_htile_decode_policy_follows_the_h200_sweeps(k, tokens, label):
-    """The decode tilings docs/moe-down.md measured fastest (here without PDL: a CPU batch)."""
-    import torch
+def test_htile_default_tiling_where_no_table_applies(k, tokens, label):
+    """A CPU batch (no table, no PDL): packed and paired 16-bit decode blocks, the next block prefetched."""
+    from b70bench.moe import variants
 
-    from b70bench.moe import shapes, variants
-
-    shape = shapes.MoeShape(hidden=3072, intermediate=k, experts=256, topk=8)
-    batch = shapes.random_batch(shape, k, tokens, torch.bfloat16, torch.device("cpu"), 0)
-    cfg = variants.TritonVariant("triton-htile", htile=True).choose(k, 3072, batch, 128)
+    cfg = variants.TritonVariant("triton-htile", htile=True).choose(k, 3072, _minimax_batch(k, tokens), 128)
     assert cfg.label() == label
 
 
-@pytest.mark.parametrize(
-    "k,tokens,label",
-    [
-        (384, 1, "m1n32k256s1w2st1sum-packed-paired-pf-pdl-early-dq"),  # the split in two blocks, before the wait
-        (256, 1, "m1n32k256s1w2st1sum-packed-paired-pf-pdl-early-dq"),
-        # more K than fits before the wait: -2r tiles capped at the grid's share of an H200's 132 SMs (8 x 96 / 132)
-        (768, 1, "m1n32k512s1w4st1sum-packed-paired-tiled-o6-pdl-early-2r"),
-        (1536, 1, "m1n32k512s1w4st1sum-packed-paired-tiled-o6-pdl-early-2r"),
-        (384, 4, "m1n64k128s1w2st1sum-packed-paired-pf-pdl-early"),
-    ],
-)
-def test_htile_decode_policy_with_programmatic_dependent_launch(monkeypatch, k, tokens, label):
-    """On Hopper+ (pdl_reason None) one token with a short split dequantizes its first block before the wait."""
-    import torch
+def test_htile_default_asks_for_programmatic_dependent_launch_where_the_device_has_it(monkeypatch):
+    from b70bench.moe import launch, variants
 
-    from b70bench.moe import launch as kernels
-    from b70bench.moe import shapes, variants
-
-    monkeypatch.setattr(kernels, "pdl_reason", lambda device: None)
-    monkeypatch.setattr(variants, "sm_count", lambda device: 132)
-    shape = shapes.MoeShape(hidden=3072, intermediate=k, experts=256, topk=8)
-    batch = shapes.random_batch(shape, k, tokens, torch.bfloat16, torch.device("cpu"), 0)
-    assert variants.TritonVariant("triton-htile", htile=True).choose(k, 3072, batch, 128).label() == label
+    monkeypatch.setattr(launch, "pdl_reason", lambda device: None)
+    cfg = variants.TritonVariant("triton-htile", htile=True).choose(1536, 3072, _minimax_batch(1536, 1), 128)
+    assert cfg.label() == "m1n32k512s1w4st1sum-packed-paired-pf-pdl-early"
 
 
 def test_dequantizing_before_the_wait_needs_paired_packed_words():

@@ -99,7 +99,8 @@ def register(sub) -> None:
     p.add_argument(
         "--tuned",
         metavar="FILE",
-        help="triton-htile takes the fastest correct tiling per shape from this sweep JSON (default: its heuristic)",
+        help="triton-htile takes the fastest correct tiling per shape from this sweep JSON "
+        "(default: the device's table in b70bench/moe/policies/, else the untuned default)",
     )
     p.add_argument(
         "--tilings",

@@ -161,147 +161,93 @@ def sm_count(device) -> int:
     return 8
 
 
+def default_tiling(k: int, n: int, batch: Batch, group: int, htile: bool) -> Config:
+    """The untuned tiling for a shape no table covers.
+
+    Dot blocks (16+ pairs per expert; `triton-htile` only): 32-wide N-tiles, K split until the grid fills
+    the device 4x over, the top-k/split sum fused. Decode, `triton`: 128-wide N-tiles (64 for dot blocks),
+    whole-group K-blocks. Decode, `triton-htile`: up to 4 tokens 32-wide tiles of 4 warps over K-blocks of up
+    to 512, more tokens 64-wide tiles of 2 warps over 128; packed and paired where activations are 16-bit, the
+    next K-block prefetched, programmatic dependent launch where the device has it; where hit experts take
+    1.5+ pairs each, an expert's pairs of pairs in 2-pair blocks and the odd pairs in a second launch."""
+    from b70bench.moe import launch
+
+    bm = launch.auto_block_m(batch.ids_cpu)
+    if bm >= launch.DOT_MIN_M and group < launch.DOT_K:
+        # A tensor-core dot needs a K-block of DOT_K within one scale group: smaller groups take 2-pair blocks.
+        bm = 2
+    dot = bm >= launch.DOT_MIN_M
+    if not htile:
+        bn = 64 if dot else 128
+        return Config(block_m=bm, block_n=bn, block_k=launch.fit_block_k(k, 1, group, bm, bn) or 8)
+    if not dot:
+        packed = batch.x.dtype in (torch.float16, torch.bfloat16)
+        pdl = launch.pdl_reason(batch.x.device) is None
+        wide = batch.tokens > 4
+        bk = 128 if wide else min(512, 1 << max(7, (k - 1).bit_length()))
+        cfg = Config(
+            block_m=1,
+            block_n=64 if wide else 32,
+            block_k=bk,
+            num_warps=2 if wide else 4,
+            num_stages=1,
+            packed=packed,
+            paired=packed,
+            prefetch=True,
+            pdl=pdl,
+            early=pdl,
+        )
+        if wide and batch.ids_cpu.numel() >= 1.5 * batch.experts_hit:
+            cfg = replace(cfg, block_m=2, prefetch=False, odd_pairs=cfg)
+        return cfg
+    bn = 32
+    n_blocks = sum(-(-c // bm) for c in torch.bincount(batch.ids_cpu.flatten()).tolist() if c)
+    target = 4 * sm_count(batch.x.device)
+    split, bk = 1, launch.fit_block_k(k, 1, group, bm, bn) or 8
+    for s in (2, 3, 4, 6, 8):  # split K only until the grid fills the device 4x over
+        if n_blocks * -(-n // bn) * split >= target:
+            break
+        fit = launch.fit_block_k(k, s, group, bm, bn)
+        if fit and fit >= min(group, launch.DOT_K):  # a split that leaves whole groups per program
+            split, bk = s, fit
+    return Config(block_m=bm, block_n=bn, block_k=bk, split_k=split, fused_reduce=True)
+
+
 @dataclass
 class TritonVariant:
-    """The fused dequant + grouped GEMM (b70bench.moe.kernels, launched by b70bench.moe.launch), with a tiling
-    policy.
+    """The fused dequant + grouped GEMM (b70bench.moe.kernels, launched by b70bench.moe.launch) with a tiling
+    per shape (`choose`).
 
-    `triton`: one program per (expert block, N-tile of 128; 64 for dot blocks), whole K, a
-    second kernel sums the top-k partials. `triton-htile`: finer tiles along N. Decode (1-2 pairs
-    per expert): one pair per block; one token 32-wide N-tiles of 4 warps, K-blocks of up to 512
-    (16-wide, 2 warps, no prefetch where K needs several; the same 32x512 tiles for 2-4 tokens there;
-    with PDL and K <= 512, 32x256 tiles of 2 warps dequantizing their first block before the wait);
-    more tokens 64-wide tiles of 2 warps, 128 deep, and where those share experts, 2-pair blocks of
-    an expert's pairs of pairs (a mixed tiling); the next K-block prefetched, packed 16x2
-    dequant on paired nibbles, second-kernel sum, and on CUDA sm_90+ programmatic dependent launch
-    (pdl, early); dot blocks: 32-wide N-tiles, split-K until the grid fills the
-    device several times over, the top-k/split sum done in-kernel by the last arrival.
-    `config` pins one tiling (the tuning sweep uses it); `tuned` maps (K, N, tokens) to the
-    sweep's fastest correct tiling (`b70bench moe-down --tuned tune.json`).
+    `triton`: the untuned default, one program per (expert block, 128-wide N-tile), whole K, a second
+    kernel summing the top-k partials. `triton-htile`: the device's tuned table where it has one
+    (b70bench/moe/policies/, measured in docs/moe-down.md), else finer-tiled defaults (`default_tiling`).
+    `config` pins one tiling (the tuning sweep uses it); `tuned` maps (K, N, tokens) to a sweep's fastest
+    correct tiling (`b70bench moe-down --tuned tune.json`) ahead of the table.
     """
 
     name: str
     htile: bool = False
     config: object = None
-    overrides: dict = field(default_factory=dict)
     tuned: dict = field(default_factory=dict)  # (K, N, tokens) -> configs.Config, from a sweep
 
     def unavailable_reason(self, device, dtype) -> str | None:
         return triton_reason(device)
 
     def choose(self, k: int, n: int, batch: Batch, group: int):
-        from b70bench.moe import launch
+        """This shape's tiling: the pinned `config`, else the `--tuned` file's, else (`triton-htile`) the
+        device's shipped table (b70bench.moe.policies), else the untuned default."""
+        from b70bench.moe import policies
 
         if self.config is not None:
             return self.config
         key = (k, n, batch.tokens)
         if key in self.tuned:
             return self.tuned[key]
-        bm = launch.auto_block_m(batch.ids_cpu)
-        if bm >= launch.DOT_MIN_M and group < launch.DOT_K:
-            # A tensor-core dot needs a K-block of DOT_K within one scale group: smaller groups take 2-pair blocks.
-            bm = 2
-        dot = bm >= launch.DOT_MIN_M
-        if not self.htile:
-            bn = 64 if dot else 128
-            cfg = Config(block_m=bm, block_n=bn, block_k=launch.fit_block_k(k, 1, group, bm, bn) or 8)
-            return replace(cfg, **self.overrides)
-        if not dot:
-            # Decode: bound by the bytes each SM has in flight (ncu: < 1 wave, 12-37% of DRAM throughput)
-            # and by the launch and top-k sum around the kernel. H200 sweeps (docs/moe-down.md): one token
-            # takes K-blocks of up to 512 per load, 32-wide tiles of 4 warps, or
-            # where K needs several such blocks (TP1) 16-wide tiles of 2 warps without the prefetch;
-            # 2-4 tokens over several blocks the same 32x512x4 tiles; more tokens (or a short K) 64-wide
-            # tiles of 2 warps looping over 128-deep blocks (mixed with 2-pair blocks, below). All but the
-            # 16-wide tiles and the 2-pair blocks hold the next block's words in registers (pf); all use
-            # the packed dequant on paired nibbles and, on Hopper+, programmatic dependent launch (pdl: the
-            # sum kernel under the main kernel; early: the main kernel under the previous one).
-            packed = batch.x.dtype in (torch.float16, torch.bfloat16)
-            prefetch = True
-            pdl = launch.pdl_reason(batch.x.device) is None
-            if batch.tokens == 1 and k <= 512 and pdl and packed:
-                # The split's K in two 256-deep blocks, both requested before the wait and the first also
-                # dequantized there (-dq): after the wait little more than the products is left. Faster than
-                # 32x512x4 -pf at TP4; no gain at TP1 (more K than the registers hold before the wait) nor at
-                # 4-16 tokens.
-                cfg = Config(
-                    block_m=1,
-                    block_n=32,
-                    block_k=256,
-                    num_warps=2,
-                    num_stages=1,
-                    packed=True,
-                    paired=True,
-                    prefetch=True,
-                    pdl=True,
-                    early=True,
-                    dequant_early=True,
-                )
-                return replace(cfg, **self.overrides)
-            if batch.tokens == 1 and k > 512 and pdl and packed and group <= 512:
-                # 32-wide 4-warp tiles with -2r use 64 registers, leaving more SM slots than the grid needs;
-                # capped at the grid's share (-oN) and on N-tile-major weights (-tiled) they beat the 16-wide
-                # tiles (uncapped they are slower; capped but not tiled, about even).
-                programs = batch.experts_hit * -(-n // 32)
-                cfg = Config(
-                    block_m=1,
-                    block_n=32,
-                    block_k=512,
-                    num_warps=4,
-                    num_stages=1,
-                    packed=True,
-                    paired=True,
-                    tiled=n % 32 == 0,
-                    pdl=True,
-                    early=True,
-                    two_rows=True,
-                    programs_per_sm=-(-programs // sm_count(batch.x.device)),
-                )
-                return replace(cfg, **self.overrides)
-            if batch.tokens == 1 and k > 512:
-                bn, bk, warps, prefetch = 16, 512, 2, False
-            elif batch.tokens == 1 or (batch.tokens <= 4 and k > 512):
-                bn, bk, warps = 32, min(512, 1 << max(7, (k - 1).bit_length())), 4
-            else:
-                bn, bk, warps = 64, 128, 2
-            # -2r (two word rows of a scale group per 16-bit sum, ~12% fewer instructions per word) where the
-            # products bound the time: TP1 2-4 tokens. Not for one token (fewer registers, more programs per SM)
-            # nor TP4 at 4 tokens.
-            two_rows = packed and bk >= group and batch.tokens > 1 and k > 512
-            cfg = Config(
-                block_m=1,
-                block_n=bn,
-                block_k=bk,
-                num_warps=warps,
-                num_stages=1,
-                fused_reduce=False,
-                packed=packed,
-                paired=packed,
-                prefetch=prefetch,
-                pdl=pdl,
-                early=pdl,
-                two_rows=two_rows,
-            )
-            if batch.tokens > 4 and batch.ids_cpu.numel() >= 1.5 * batch.experts_hit:
-                # Where experts are shared (16 tokens: 128 pairs on ~74 experts) the products bound the
-                # time, not the bytes: an expert's pairs of pairs share one dequantization in 2-pair blocks,
-                # the odd pairs keep this tiling in a second launch running at the same time (with PDL).
-                # At 4 tokens (few shared experts) mixing was slower. Both launches take -2r.
-                one = replace(cfg, two_rows=packed and bk >= group)
-                cfg = replace(one, block_m=2, prefetch=False, odd_pairs=one)
-            return replace(cfg, **self.overrides)
-        bn = 32
-        n_blocks = sum(-(-c // bm) for c in torch.bincount(batch.ids_cpu.flatten()).tolist() if c)
-        target = 4 * sm_count(batch.x.device)
-        split, bk = 1, launch.fit_block_k(k, 1, group, bm, bn) or 8
-        for s in (2, 3, 4, 6, 8):  # split K only until the grid fills the device 4x over
-            if n_blocks * -(-n // bn) * split >= target:
-                break
-            fit = launch.fit_block_k(k, s, group, bm, bn)
-            if fit and fit >= min(group, launch.DOT_K):  # a split that leaves whole groups per program
-                split, bk = s, fit
-        cfg = Config(block_m=bm, block_n=bn, block_k=bk, split_k=split, fused_reduce=True)
-        return replace(cfg, **self.overrides)
+        if self.htile:
+            table = policies.for_device(batch.x.device, batch.x.dtype)
+            if key in table:
+                return table[key]
+        return default_tiling(k, n, batch, group, self.htile)
 
     def label(self, weights: Weights, batch: Batch) -> str:
         return self.choose(batch.x.shape[-1], weights.qweight.shape[-1], batch, weights.group).label()
