@@ -30,8 +30,8 @@ install and restores it at uninstall. Asserted on the published regressions.json
 (b70bench.asv_plugin's verdicts for the decode speed figures, asv's step fit for the rest):
 commit 4 named on the cache-key figure; commits 6 and 7 named on seconds per output token and no
 other commit on any speed figure; `b70bench kernel-vs-model` over the results flags commit 7 and
-no other; at commit 5 the `vllm` allreduce figures are slower and the c10d ones, over the three
-sizes, within gloo's run-to-run spread. Commit 3 fails naming its patch; the environment's vLLM is
+no other; at commit 5 the `vllm` allreduce figures at 8 B and 6 KiB are slower and the c10d ones,
+over the three sizes, within gloo's run-to-run spread. Commit 3 fails naming its patch; the environment's vLLM is
 RECORD-pristine after. Then Chromium (Debian's, scripts/install-chromium.sh) renders the
 regressions page from a localhost server (asv's page loads jQuery/Flot from CDNs;
 scripts/asv_site_offline.py points it at Debian's packaged copies, since CI machines have no
@@ -365,7 +365,10 @@ def test_asv_walk_over_patch_sets(tmp_path):
             name = f"{AR_FIGURE}('{path}', 'in-place', {size})"
             r = stats.ratio_interval(before["samples"][name], after["samples"][name], 0.99)
             summary.setdefault("comm_clone", {})[name] = [r.ratio, r.lo, r.hi]
-            if path == "vllm":  # the clone: +25-50% in two runs of this walk, intervals a few % wide
+            # The clone's fixed cost: +27-48% at 8 B and 6 KiB in three walks, intervals a few % wide. At 1 MiB
+            # vLLM's shared-memory allreduce itself moves up to 1.3x between processes with nothing changed
+            # (103 -> 129 us across the slowdown commit), more than the clone costs there: recorded only.
+            if path == "vllm" and size < 1 << 20:
                 assert r.verdict(0.1) == stats.SLOWER, (name, r, comm_row)
     # gloo on 2 cores moves between processes by up to 1.6x at 8 B with nothing changed (0.55-2.26 interval
     # ends seen), so "unchanged" can only be shown against that spread: the sizes' geometric mean.
