@@ -33,6 +33,10 @@ MODEL_RE = r"\.track_s_per_output_token$"
 # (vLLM's shared-memory allreduce on a 2-core CPU: +-15% from run to run), so a kernel counts as
 # faster only when its time fell by this much (ratio <= 1 / (1 + effect)).
 KERNEL_EFFECT = 0.25
+# ...and only when it is faster than each of the last KERNEL_WINDOW commits that had the figure: one
+# process's slow reading at the commit before (vLLM's 8 B allreduce once read 5.0 us between readings of
+# 2.3-3.5 us) must not turn the next commit into a kernel win.
+KERNEL_WINDOW = 2
 LEVEL = 0.99
 
 
@@ -115,11 +119,15 @@ def compare(
     level: float = LEVEL,
     kernel_effect: float = KERNEL_EFFECT,
     exclude_re: str = EXCLUDE_RE,
+    kernel_window: int = KERNEL_WINDOW,
 ) -> list[dict]:
     """One row per commit: each figure's change from the previous commit that had it, and the flag.
 
     Kernel figures are matched on their full name (parameters included, so a path or a variant
-    can be picked or excluded), decode figures on the benchmark's name."""
+    can be picked or excluded), decode figures on the benchmark's name. A kernel counts as faster
+    only when it is faster than each of the last `kernel_window` commits that had its figure."""
+    if kernel_window < 1:
+        raise UsageError(f"--kernel-window {kernel_window}: pass 1 or more commits")
     commits = order or sorted(results, key=lambda c: results[c].get("date") or 0)
     rows, last = [], {}
     kernel, model = re.compile(kernel_re), re.compile(model_re)
@@ -136,8 +144,15 @@ def compare(
                 group, effect = "kernels", kernel_effect
             else:
                 continue
-            row[group][name] = _change(value, samples.get(name), last.get(name), effect, level)
-            last[name] = (value, samples.get(name))
+            earlier = last.get(name, [])
+            change = _change(value, samples.get(name), earlier[-1] if earlier else None, effect, level)
+            if group == "kernels" and change["verdict"] == stats.FASTER:
+                for prev in earlier[-kernel_window:-1]:
+                    if _change(value, samples.get(name), prev, effect, level)["verdict"] != stats.FASTER:
+                        change["verdict"] = stats.NO_DIFFERENCE
+                        change["not_faster_than_earlier"] = True
+            row[group][name] = change
+            last[name] = [*earlier, (value, samples.get(name))][-max(kernel_window, 1) :]
         faster = [n for n, f in row["kernels"].items() if f["verdict"] == stats.FASTER]
         slower = [n for n, f in row["model"].items() if f["verdict"] == stats.SLOWER]
         row["flag"] = bool(faster and slower)
@@ -198,7 +213,15 @@ def run(args) -> int:
         repo = Path(args.repo) if args.repo else state.project_dir() or Path.cwd()
         order = [c for c in commits_in(repo, args.range) if c in results]
     rows = compare(
-        results, args.kernel, args.model, args.tolerance, order, args.level, args.kernel_effect, args.exclude
+        results,
+        args.kernel,
+        args.model,
+        args.tolerance,
+        order,
+        args.level,
+        args.kernel_effect,
+        args.exclude,
+        args.kernel_window,
     )
     print(format_rows(rows))
     flagged = [r["commit"][:10] for r in rows if r["flag"]]
@@ -239,6 +262,13 @@ def register(sub) -> None:
         default=KERNEL_EFFECT,
         help=f"a kernel counts as faster when its time fell to 1/(1+this) or less (default "
         f"{KERNEL_EFFECT}; a GPU's isolated figures repeat far closer: try 0.05 there)",
+    )
+    p.add_argument(
+        "--kernel-window",
+        type=int,
+        default=KERNEL_WINDOW,
+        help=f"a kernel counts as faster only when faster than each of the last N commits with its figure "
+        f"(default {KERNEL_WINDOW}; 1: the commit before only)",
     )
     p.add_argument(
         "--level", type=float, default=LEVEL, help=f"interval level where both commits have samples (default {LEVEL})"

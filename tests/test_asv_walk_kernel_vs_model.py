@@ -168,3 +168,54 @@ def test_with_samples_only_a_real_decode_slowdown_and_a_large_kernel_win_flag(tm
     rows = kvm.compare(kvm.read_results(tmp_path / "results"), exclude_re="")
     anchor = "bench_allreduce.Allreduce.track_time('c10d', 'in-place', 8)"
     assert rows[4]["flag"] and rows[4]["faster_kernels"] == [anchor]
+
+
+def test_a_kernel_back_from_one_slow_reading_is_not_a_win(tmp_path):
+    """As in a CI walk: vLLM's 8 B allreduce read 2.3, then 5.0 us in one slow process, then 3.25 us at a
+    commit that slowed decode 11%. Against the 5.0 alone that is a 35% kernel win, flagged with
+    --kernel-window 1; against the last two readings (the default) it is not, while a MoE kernel 3x faster
+    than both its earlier readings beside a slower decode still is."""
+    import random
+
+    rng = random.Random(3)
+
+    def samples(t: float, n: int, spread: float) -> list[float]:
+        return [t * rng.lognormvariate(0, spread) for _ in range(n)]
+
+    d = tmp_path / "results" / "box"
+    d.mkdir(parents=True)
+    steps = [  # (allreduce us, moe us, decode ms)
+        (2.3, 3000, 0.70),
+        (5.0, 3000, 0.70),  # the slow process: nothing changed
+        (3.25, 3000, 0.78),  # decode slower (real), the allreduce back to its level
+        (3.3, 1000, 0.98),  # the htile case
+    ]
+    for i, (ar, moe, dec) in enumerate(steps):
+        kernels = {"'vllm', 'in-place'": samples(ar * 1e-6, 20, 0.02), "'vllm'": samples(moe * 1e-6, 5, 0.01)}
+        write_sampled(d, chr(ord("a") + i) * 40, i + 1, kernels, samples(dec * 1e-3, 8, 0.03))
+    results = kvm.read_results(tmp_path / "results")
+    rows = kvm.compare(results)
+    assert [r["flag"] for r in rows] == [False, False, False, True], [
+        (r["faster_kernels"], r["slower_decode"]) for r in rows
+    ]
+    assert rows[3]["faster_kernels"] == ["bench_moe_down.MoeDown.track_time('vllm', 1)"]
+    ar = "bench_allreduce.Allreduce.track_time('vllm', 'in-place', 8)"
+    assert rows[2]["kernels"][ar]["ratio"] < 0.7 and rows[2]["kernels"][ar]["not_faster_than_earlier"]
+    assert [r["flag"] for r in kvm.compare(results, kernel_window=1)] == [False, False, True, True]
+    bad = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "b70bench",
+            "kernel-vs-model",
+            "--results",
+            str(tmp_path / "results"),
+            "--kernel-window",
+            "0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+    assert bad.returncode == 2 and "--kernel-window 0" in bad.stderr
