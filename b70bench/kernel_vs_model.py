@@ -152,7 +152,7 @@ def compare(
                         change["verdict"] = stats.NO_DIFFERENCE
                         change["not_faster_than_earlier"] = True
             row[group][name] = change
-            last[name] = [*earlier, (value, samples.get(name))][-max(kernel_window, 1) :]
+            last[name] = [*earlier, (value, samples.get(name))][-kernel_window:]
         faster = [n for n, f in row["kernels"].items() if f["verdict"] == stats.FASTER]
         slower = [n for n, f in row["model"].items() if f["verdict"] == stats.SLOWER]
         row["flag"] = bool(faster and slower)
