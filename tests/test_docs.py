@@ -1,7 +1,8 @@
 """The README and docs/ as a user reads them: short manual, every page linked, every CPU example runs.
 
 Examples are the lines starting with `b70bench ` inside ```sh blocks of README.md and docs/*.md.
-Each runs as written from the repository root (state in a temporary B70BENCH_HOME); a line ending
+Each runs as written, from a scratch working directory (what it writes stays out of the checkout) with
+state in a temporary B70BENCH_HOME; a line ending
 in a comment naming what it needs (# cuda, # xpu, # torchrun, # long, # needs results) is skipped
 with that reason.
 """
@@ -56,12 +57,15 @@ def test_example_runs_as_written(page, line_no, line, tmp_path):
     if need:
         pytest.skip(f'{page}:{line_no} is marked "# {need}"')
     args = shlex.split(command)[1:]
-    env = dict(os.environ, B70BENCH_HOME=str(tmp_path / "home"))
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    env = dict(os.environ, B70BENCH_HOME=str(tmp_path / "home"), PYTHONPATH=path)
     env.pop("B70BENCH_BACKEND", None)
-    run = lambda a: subprocess.run(
+    work = tmp_path / "work"
+    work.mkdir()
+    run = lambda a: subprocess.run(  # noqa: E731
         [sys.executable, "-m", "b70bench", *a],
-        cwd=ROOT,
-        env=env,  # noqa: E731
+        cwd=work,
+        env=env,
         capture_output=True,
         text=True,
         timeout=900,
