@@ -3,7 +3,7 @@
 import json
 
 import pytest
-from test_decode import _fake_measure, fake_child  # noqa: F401  (fixture; tests/ is on sys.path under pytest)
+from test_decode_runner import _fake_measure, fake_child  # noqa: F401  (fixture; tests/ is on sys.path under pytest)
 
 from b70bench import device
 from b70bench.decode import canary, gate, model, suite
