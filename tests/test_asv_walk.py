@@ -9,9 +9,9 @@ History (each commit's patches/series stacked on the previous; b70bench.patches.
                    tokens and speed, but forward of MiniMaxM2Model moves down, so vLLM's AOT key moves
   5 comm-clone   vLLM's CpuCommunicator.all_reduce clones first, as XpuCommunicator does: the `vllm`
                    allreduce path slower, c10d untouched, decode (TP 1) untouched
-  6 slowdown     + WORK_REPS 64x64 matrix products per decode step in compute_logits (real CPU work in
-                   the model's code, outside the compiled graph, below forward: the key stays); 16 of
-                   them cost 15-27% of a decode step of the tiny model here
+  6 slowdown     + synthetic.SLOWDOWN_REPS 64x64 matrix products per decode step in compute_logits (real
+                   CPU work in the model's code, outside the compiled graph, below forward: the key
+                   stays); the constant says why that many
   7 moe-kernel   the htile case in vLLM's own MoE code: the experts kernel runs once (the isolated
                    `vllm` moe-down figure 3x faster), while vLLM's MoE layer entry (_moe_forward, which
                    the isolated call does not run) gains RUNNER_REPS 128x128 products per layer and step
@@ -62,7 +62,6 @@ SPEED_FIGURES = (
 )
 MOE_FIGURE = "bench_moe_down.MoeDown.track_time"
 AR_FIGURE = "bench_allreduce.Allreduce.track_time"
-WORK_REPS = synthetic.SLOWDOWN_REPS  # why this many: there
 # 4 products per layer and step: +20% (compare, 3 starts a side); 6 read 1.31-1.32 in CI walks after 16-24
 # slowdown products, 8 keep that margin over the heavier step behind SLOWDOWN_REPS.
 RUNNER_REPS = 8
@@ -77,7 +76,7 @@ def build_patch_texts() -> dict[str, str]:
     except LookupError as err:
         pytest.skip(str(err))
     branch = synthetic.with_branch(text)
-    slow = synthetic.with_work(branch, WORK_REPS)
+    slow = synthetic.with_work(branch, synthetic.SLOWDOWN_REPS)
     broken = synthetic.diff(
         slow,
         slow.replace("    def load_weights(", "    def load_weights_v2("),
@@ -114,7 +113,7 @@ def build_patch_texts() -> dict[str, str]:
             text, branch, "A default-off, env-gated Q/K helper branch (moves the AOT key)."
         ),
         "decode-work.patch": synthetic.diff(
-            branch, slow, f"Deliberately slower decode: {WORK_REPS} matrix products per step."
+            branch, slow, f"Deliberately slower decode: {synthetic.SLOWDOWN_REPS} matrix products per step."
         ),
     }
 
@@ -172,7 +171,7 @@ def build_history(repo: Path) -> dict[str, str]:
     series(["cpu-comm-clone.patch"])
     commit("comm-clone", "CpuCommunicator clones before all_reduce")
     series(["decode-work.patch"])
-    commit("slowdown", f"{WORK_REPS} matrix products per decode step")
+    commit("slowdown", f"{synthetic.SLOWDOWN_REPS} matrix products per decode step")
     series(["moe-runner-work.patch"], drop=("moe-experts-3pass.patch",))
     commit("moe-kernel", "experts kernel in one pass, work moved to the MoE layer entry")
     return commits

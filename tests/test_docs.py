@@ -57,8 +57,7 @@ def test_example_runs_as_written(page, line_no, line, tmp_path):
     if need:
         pytest.skip(f'{page}:{line_no} is marked "# {need}"')
     args = shlex.split(command)[1:]
-    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-    env = dict(os.environ, B70BENCH_HOME=str(tmp_path / "home"), PYTHONPATH=path)
+    env = dict(os.environ, B70BENCH_HOME=str(tmp_path / "home"))
     env.pop("B70BENCH_BACKEND", None)
     work = tmp_path / "work"
     work.mkdir()
