@@ -1,45 +1,43 @@
-"""`b70bench compare A B`: two patch series in one environment, starts interleaved, a verdict per figure.
+"""`b70bench compare A B`: two patch series, both engines alive together, calls paired in time, a verdict.
 
-A and B are commits of the project (their patches/ series) or series directories. Starts go
-A B B A A B B A ...: before each start that side's series is applied to the environment's vLLM,
-after it the environment is restored, so slow drift of the host falls on both sides alike. Per
-figure: B/A as the median of the pairwise ratios of per-start figures (Hodges-Lehmann), its
-Mann-Whitney interval (stats.ratio_interval) and a verdict: slower / faster / no difference this machine can resolve.
-Beside it each side's gate and compile-cache keys, from the same starts.
-
-The environment is locked for the whole run; Ctrl-C restores before exiting, and after a hard
-kill `b70bench compare --restore --python PATH` returns it to its installed bytes.
+A and B are commits of the project (their patches/ series) or series directories. Each side gets a
+private patched copy of vLLM (patches.overlay), so the environment is never modified and both
+engines run at once; decode.pair alternates their timed calls and repeats that in blocks of fresh
+processes until the verdict is decided or the budget is spent. The verdict is one of slower,
+faster, "no change beyond X%" (the interval rules out anything larger) or undecided (it still holds
+a change of --min-effect), and says how many blocks, calls and minutes it took. Beside it each
+side's gate (token hash of fixed prompts) and compile-cache keys, from the same engines.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from b70bench import decode, patches, records, revisions, stats
+from b70bench import patches, records, revisions, stats
+from b70bench.decode import environment, gate, logs, pair
 from b70bench.decode import model as decode_model
-from b70bench.decode import starts as decode_starts
 from b70bench.decode import suite as decode_suite
 from b70bench.errors import UsageError
+from b70bench.fingerprint import dist_version
 
-# Figures compared, all lower is better: (record key, what the row says).
-FIGURES = (
-    ("s_per_output_token", "s per output token (fastest call)"),
-    ("s_per_output_token_median", "s per output token (median call)"),
-    ("ttft_s", "time to first token"),
-)
 DEFAULT_LEVEL = 0.95
-# Smaller ratios are reported but not called slower/faster: below what a user would act on.
-DEFAULT_MIN_EFFECT = 0.01
-SIDES = "AB"
-
-
-def order(starts: int) -> list[str]:
-    """A B B A A B B A ...: 2 * starts entries, each side `starts` times, balanced against linear drift."""
-    return [("ABBA"[i % 4]) for i in range(2 * starts)]
+# The walk's (asv's) overall level: each of its 4 looks at 0.99, the level of the website's verdicts
+# (asv.conf.json "b70bench_verdicts"), which are read from the same block samples.
+WALK_LEVEL = 0.96
+DEFAULT_BUDGET_MIN = 10.0
+DEFAULT_SHAPE = "p128n128"
+# The CPU default's KV cache per engine (GiB): two engines live at once, and a share of RAM would be
+# drawn from what the other engine left free, so it is fixed.
+CPU_KV_GIB = "1"
+# One block (two starts on a warm cache, 40 rounds) takes about a minute on the 2-core VM; a verdict
+# needs two blocks at least.
+MIN_BUDGET_MIN = 2.0
 
 
 def resolve_side(repo: Path, spec: str, dest: Path) -> tuple[Path, str]:
@@ -59,176 +57,206 @@ def resolve_side(repo: Path, spec: str, dest: Path) -> tuple[Path, str]:
     return revisions.export_patches(repo, commit, dest), commit[:12]
 
 
-def _keys(rec: dict) -> str:
-    """The compile-cache keys a start logged (vLLM's hex directory names), shortened."""
-    return ",".join(k[:12] for k in rec.get("cache_keys") or []) or "-"
+def engine_spec(shape: str, model: str | None = None) -> tuple[dict, bool]:
+    """The live engines' spec for one decode shape (the embedded tiny MiniMax-M2 unless model is given)."""
+    prompt_len, output_len, batch = decode_suite.parse_shape(shape)
+    embedded = model is None
+    spec = {
+        "model": str(decode_model.ensure_embedded()) if embedded else model,
+        "dtype": "bfloat16" if embedded else None,
+        "max_model_len": max(decode_suite.DEFAULT_MAX_MODEL_LEN, prompt_len + output_len),
+        "tp": 1,
+        "memory_fraction": None,
+        "engine_args": {},
+        "prompt_len": prompt_len,
+        "output_len": output_len,
+        "batch": batch,
+        "warmup": 1,
+        "gate": True,
+    }
+    return spec, embedded
 
 
-def analyse(
-    recs: dict[str, list[dict]], level: float = DEFAULT_LEVEL, min_effect: float = DEFAULT_MIN_EFFECT
-) -> list[dict]:
-    """Rows (shape x figure) from each side's start records: ratio B/A, interval, verdict, gates, keys."""
-    rows = []
-    shapes = dict.fromkeys(r["shape"] for side in SIDES for r in recs[side])
-    for shape in shapes:
-        side_recs = {s: [r for r in recs[s] if r["shape"] == shape] for s in SIDES}
-        gates = {s: decode_starts.gate_of(side_recs[s]) for s in SIDES}
-        keys = {s: sorted({_keys(r) for r in side_recs[s] if r.get("ok")}) for s in SIDES}
-        for key, label in FIGURES:
-            values = {s: decode.per_start(side_recs[s], key) for s in SIDES}
-            row = {
-                "shape": shape,
-                "figure": key,
-                "label": label,
-                "n_a": len(values["A"]),
-                "n_b": len(values["B"]),
-                "gate_a": gates["A"],
-                "gate_b": gates["B"],
-                "cache_keys_a": keys["A"],
-                "cache_keys_b": keys["B"],
-                "median_a": stats.quantile(values["A"], 0.5) if values["A"] else None,
-                "median_b": stats.quantile(values["B"], 0.5) if values["B"] else None,
-                "ratio": None,
-                "lo": None,
-                "hi": None,
-                "level": level,
-                "verdict": None,
-            }
-            if min(len(values["A"]), len(values["B"])) >= 2:
-                r = stats.ratio_interval(values["A"], values["B"], level)
-                row.update(ratio=r.ratio, lo=r.lo, hi=r.hi, verdict=r.verdict(min_effect))
-            else:
-                row["verdict"] = "too few starts (a failed start or a failed gate withholds speed)"
-            rows.append(row)
-    return rows
-
-
-def run_compare(
-    walker: revisions.Walker,
+def compare_series(
     dirs: dict[str, Path],
-    shapes,
-    starts: int,
-    iterations: int,
+    env: patches.Env,
     out_dir: Path,
-    warmup_starts: int = 1,
-    device=None,
+    *,
+    shape: str = DEFAULT_SHAPE,
+    budget_s: float = DEFAULT_BUDGET_MIN * 60,
+    level: float = DEFAULT_LEVEL,
+    min_effect: float = stats.DEFAULT_MIN_EFFECT,
+    floor: float = stats.DEFAULT_FLOOR,
+    rounds: int = pair.DEFAULT_ROUNDS,
+    first_blocks: int = 4,
+    python: str | None = None,
+    backend: str = "cpu",
     out=print,
-    measure=None,
-) -> dict[str, list[dict]]:
-    """Apply, start, restore in ABBA order; returns side -> that side's counted start records."""
-    measure = measure or decode.measure
-    recs: dict[str, list[dict]] = {s: [] for s in SIDES}
-    plan = [s for s in SIDES for _ in range(warmup_starts)] + order(starts)
-    with patches.env_lock(walker.env, f"b70bench compare over {len(plan)} starts") as token:
-        journal = patches.read_journal(walker.env)
-        if journal is not None:
-            raise UsageError(
-                f"{walker.prefix} has patches applied or half-applied "
-                f"({', '.join(journal.get('patches', []))}): run "
-                f"`b70bench compare --restore --python {walker.python}` first"
-            )
-        for side in SIDES:  # refuse a series that cannot apply before anything is started
-            done = walker.patches_cmd("check", "--dir", str(dirs[side]), token=token)
-            if done.returncode != 0:
-                last = (done.stderr.strip() or done.stdout.strip()).splitlines()[-1]
-                raise UsageError(f"side {side} ({dirs[side]}): {last.removeprefix('b70bench patches: error: ')}")
-        out_dir.mkdir(parents=True, exist_ok=True)
-        for i, side in enumerate(plan):
-            counted = i >= len(SIDES) * warmup_starts
-            try:
-                done = walker.patches_cmd("apply", "--dir", str(dirs[side]), token=token)
-                if done.returncode != 0:
-                    raise UsageError(f"side {side}: apply failed: {(done.stderr or done.stdout).strip()}")
-                got = measure(
-                    shapes,
-                    runs=1,
-                    cold=False,
-                    iterations=iterations,
-                    python=walker.python,
-                    cache_root=out_dir / f"vllm-cache-{side}",
-                    out_dir=out_dir / f"start{i:02d}-{side}",
-                    device=device,
-                )
-            finally:
-                back = walker.restore(token)
-                if back.returncode != 0:
-                    raise UsageError(
-                        f"restoring {walker.prefix} failed: {back.stderr.strip()}; "
-                        f"run `b70bench compare --restore --python {walker.python}`"
-                    )
-            for r in got:
-                r["compare_side"], r["compare_start"] = side, i
-            if counted:
-                recs[side].extend(got)
-            figs = ", ".join(
-                f"{r['shape']} {r['s_per_output_token'] * 1e3:.3f} ms/token"
-                if r.get("s_per_output_token")
-                else f"{r['shape']} {r.get('error') or r.get('gate_message') or 'no figure'}"
-                for r in got
-            )
-            out(f"[{i + 1}/{len(plan)}] {side}{'' if counted else ' (warm-up, not counted)'}: {figs}")
-    return recs
+    engine_cls=pair.Engine,
+) -> dict:
+    """Measure B against A (series directories) paired in time; returns the result as one JSON-able dict."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    sides = {}
+    for s in pair.SIDES:
+        try:
+            ov = patches.overlay.build(dirs[s], env, out_dir / f"overlay-{s}")
+        except UsageError as err:
+            raise UsageError(f"side {s} ({dirs[s]}): {err}") from None
+        sides[s] = pair.Side(s, ov, out_dir / f"vllm-cache-{s}")
+    spec, embedded = engine_spec(shape)
+    base = dict(os.environ)
+    if backend == "cpu":
+        base.setdefault("VLLM_CPU_KVCACHE_SPACE", CPU_KV_GIB)
+    base = environment.engine_env(backend, base, None)
+    tokens = spec["batch"] * spec["output_len"]
+    run_one = lambda i: pair.run_block(i, sides, spec, base, out_dir, embedded=embedded, rounds=rounds, python=python)  # noqa: E731
+    result = pair.measure(
+        run_one, budget_s=budget_s, level=pair.per_look_level(level), min_effect=min_effect, floor=floor, first_blocks=first_blocks, out=out
+    )
+    return summarize(result, dirs, shape, tokens, env, min_effect)
 
 
-def format_rows(rows: list[dict]) -> list[str]:
+def against_parent(repo: Path, commit: str, env: patches.Env, out_dir: Path, **kw) -> dict:
+    """compare_series of a commit's series (B) against its first parent's (A): the walk's verdict per commit."""
+    try:
+        parent = revisions.git(repo, "rev-parse", "--verify", "--quiet", f"{commit}^")
+    except UsageError:
+        raise UsageError(f"{commit[:12]} has no parent in {repo}: the oldest commit has nothing to be compared with") from None
+    with tempfile.TemporaryDirectory(prefix="b70bench-parent-") as tmp:
+        dirs = {
+            "A": revisions.export_patches(repo, parent, Path(tmp) / "A"),
+            "B": revisions.export_patches(repo, commit, Path(tmp) / "B"),
+        }
+        res = compare_series(dirs, env, out_dir, **kw)
+    res["commit"], res["parent"] = commit, parent
+    return res
+
+
+def _side_facts(blocks: list[pair.Block], side: str, gate_key: dict) -> dict:
+    """Gate and compile-cache keys of one side, from its engines' start messages and logs."""
+    hashes = sorted({b.starts[side].get("token_sha256") for b in blocks if side in b.starts} - {None})
+    verdicts = [gate.verdict(gate_key, h)[0] for h in hashes]
+    keys, first = set(), None
+    for b in blocks:
+        log = Path(b.starts.get(side, {}).get("log_path") or "/nonexistent")
+        if log.is_file():
+            parsed = logs.parse(log.read_text(errors="replace"))
+            keys.update(parsed["cache_keys"])
+            first = first or parsed
+    return {
+        # The first engine's log as decode records carry it (cachekey.from_decode_record reads these).
+        "cache_dir": (first or {}).get("cache_dir"),
+        "cache_keys_full": sorted(keys),
+        "kv_cache_tokens": (first or {}).get("kv_cache_tokens"),
+        "token_sha256": hashes,
+        # 1 if any start's tokens differ from the pin (or the sides' starts disagree), 0 pinned and equal.
+        "gate": 1 if 1 in verdicts or len(hashes) > 1 else (0 if verdicts and all(v == 0 for v in verdicts) else None),
+        "cache_keys": sorted(k[:12] for k in keys),
+    }
+
+
+def summarize(result: pair.Paired, dirs: dict, shape: str, tokens: int, env, min_effect: float) -> dict:
+    r, good = result.ratio, result.good
+    model = decode_model.model_id()
+    gate_key = gate.key(model, "cpu", dist_version("vllm", "vllm-cpu", "vllm_cpu"), "bfloat16", 1)
+    per_token = {
+        s: [b.figure(s) / tokens for b in good if b.figure(s) is not None] for s in pair.SIDES
+    }
+    return {
+        "shape": shape,
+        "figure": "s_per_output_token",
+        "ratio": r.ratio if r else None,
+        "lo": r.lo if r else None,
+        "hi": r.hi if r else None,
+        "level": result.level,
+        "min_effect": min_effect,
+        "verdict": result.decision.word if result.decision else stats.UNDECIDED,
+        "text": result.text(),
+        "bound": result.decision.bound if result.decision else None,
+        "blocks": len(good),
+        "blocks_failed": len(result.blocks) - len(good),
+        "calls_per_side": result.calls_per_side,
+        "minutes": result.minutes,
+        "looks": result.looks,
+        "reason": result.reason,
+        "block_ratios": [b.ratio() for b in good],
+        "block_ratios_normalised": [b.ratio(True) for b in good],
+        "median_a": statistics.median(per_token["A"]) if per_token["A"] else None,
+        "median_b": statistics.median(per_token["B"]) if per_token["B"] else None,
+        "block_s_per_output_token": per_token,
+        "series": {s: str(d) for s, d in dirs.items()},
+        "sides": {s: _side_facts(good, s, gate_key) for s in pair.SIDES},
+        "block_records": [b.to_json() for b in result.blocks],
+    }
+
+
+def format_result(res: dict, labels: dict) -> list[str]:
+    ms = lambda v: f"{v * 1e3:.3f} ms" if v is not None else "-"  # noqa: E731
+    interval = f"[{res['lo']:.3f}, {res['hi']:.3f}]" if res["lo"] is not None else "-"
+    ratio = f"{res['ratio']:.3f}" if res["ratio"] is not None else "-"
     lines = [
-        f"{'shape':11} {'figure':27} {'A median':>10} {'B median':>10} {'n':>5}  {'B/A':>6} {'interval':17} verdict"
+        f"{'shape':11} {'s/output token A':>17} {'B':>10}  {'B/A':>6} {'interval':17} verdict",
+        f"{res['shape']:11} {ms(res['median_a']):>17} {ms(res['median_b']):>10}  {ratio:>6} {interval:17} {res['text']}",
+        f"samples: {res['blocks']} blocks of fresh A+B engines, {res['calls_per_side']} paired calls a side, "
+        f"{res['minutes']:.1f} min, {res['looks']} look(s) at {res['level']:.2%} each",
     ]
-    for r in rows:
-        interval = f"[{r['lo']:.3f}, {r['hi']:.3f}]" if r["lo"] is not None else "-"
-        ratio = f"{r['ratio']:.3f}" if r["ratio"] is not None else "-"
-        med = lambda v: f"{v * 1e3:.3f} ms" if v is not None else "-"  # noqa: E731
-        lines.append(
-            f"{r['shape']:11} {r['figure']:27} {med(r['median_a']):>10} {med(r['median_b']):>10} "
-            f"{r['n_a']:>2}/{r['n_b']:<2}  {ratio:>6} {interval:17} {r['verdict']}"
-        )
-    seen = set()
-    for r in rows:
-        if r["shape"] in seen:
-            continue
-        seen.add(r["shape"])
-        for s in "ab":
-            gate = {0: "pass", 1: "FAIL", None: "unpinned"}[r[f"gate_{s}"]]
-            keys = " | ".join(r[f"cache_keys_{s}"])
-            lines.append(f"{r['shape']:11} side {s.upper()}: gate {gate}; cache keys {keys}")
+    for s in pair.SIDES:
+        f = res["sides"][s]
+        g = {0: "pass", 1: "FAIL", None: "unpinned"}[f["gate"]]
+        lines.append(f"side {s} ({labels[s]}): gate {g}; cache keys {' | '.join(f['cache_keys']) or '-'}")
     return lines
 
 
 def run(args) -> int:
-    walker = revisions.Walker(args.python or sys.executable, Path(args.repo).resolve(), args.site_dir, args.prefix)
-    if args.restore:
-        done = walker.restore()
-        print((done.stdout + done.stderr).strip())
-        return done.returncode
+    python = args.python or sys.executable
+    prefix = Path(args.prefix) if args.prefix else revisions.env_prefix(python)
+    env = patches.Env(prefix, (args.site_dir,) if args.site_dir else None)
     if not (args.a and args.b):
-        raise UsageError("name two sides (commits or series directories), or pass --restore")
-    if args.starts < 2 or args.iterations < 1 or args.warmup_starts < 0:
+        raise UsageError("name two sides (commits or series directories)")
+    if args.budget < MIN_BUDGET_MIN:
         raise UsageError(
-            "need --starts >= 2 (an interval needs two starts a side), --iterations >= 1, --warmup-starts >= 0"
+            f"--budget {args.budget:g} min is too small to decide anything: one block (two engine starts and "
+            f"{args.rounds} paired rounds) takes about a minute here and a verdict needs two: pass --budget "
+            f"{MIN_BUDGET_MIN:g} or more (default {DEFAULT_BUDGET_MIN:g})"
         )
+    if args.rounds < 4:
+        raise UsageError(f"--rounds {args.rounds} is too few: a block's median needs 4 or more (default 40)")
     if not 0.5 <= args.level < 1:
         raise UsageError(f"--level {args.level} is outside [0.5, 1): pass e.g. 0.95")
-    shapes = args.shapes or ["p128n128"]
-    for s in shapes:
-        decode_suite.parse_shape(s)
+    if not 0 < args.min_effect < 1:
+        raise UsageError(f"--min-effect {args.min_effect} is outside (0, 1): pass e.g. 0.05 for 5%")
+    decode_suite.parse_shape(args.shape)
     out_dir = (
         Path(args.out_dir) if args.out_dir else decode_model.cache_root() / "compare" / time.strftime("%Y%m%dT%H%M%S")
     )
     with tempfile.TemporaryDirectory(prefix="b70bench-compare-") as tmp:
         dirs, labels = {}, {}
-        for side, spec in zip(SIDES, (args.a, args.b), strict=True):
-            dirs[side], labels[side] = resolve_side(walker.repo, spec, Path(tmp) / side / "patches")
+        for side, spec in zip(pair.SIDES, (args.a, args.b), strict=True):
+            dirs[side], labels[side] = resolve_side(Path(args.repo).resolve(), spec, Path(tmp) / side / "patches")
         print(
             f"b70bench compare: A = {labels['A']} (patch set {patches.load(dirs['A']).hash}), "
-            f"B = {labels['B']} (patch set {patches.load(dirs['B']).hash}); {args.starts} starts a side, "
-            f"order {''.join(order(args.starts))}, logs in {out_dir}"
+            f"B = {labels['B']} (patch set {patches.load(dirs['B']).hash}); both engines alive together, "
+            f"calls alternating, budget {args.budget:g} min; logs in {out_dir}",
+            flush=True,
         )
-        recs = run_compare(walker, dirs, shapes, args.starts, args.iterations, out_dir, args.warmup_starts)
-    rows = analyse(recs, args.level, args.min_effect)
+        with patches.env_lock(env, "b70bench compare (overlays read the installed vLLM)"):
+            res = compare_series(
+                dirs,
+                env,
+                out_dir,
+                shape=args.shape,
+                budget_s=args.budget * 60,
+                level=args.level,
+                min_effect=args.min_effect,
+                rounds=args.rounds,
+                python=python,
+                out=lambda line: print(line, flush=True),
+            )
+    res["labels"] = labels
     if args.json:
-        records.write_json(args.json, recs["A"] + recs["B"], a=labels["A"], b=labels["B"], rows=rows)
+        records.emit_json(args.json, res)
     print()
-    print("\n".join(format_rows(rows)))
+    print("\n".join(format_result(res, labels)))
     return 0
 
 
@@ -237,41 +265,34 @@ def register(sub) -> None:
 
     p = sub.add_parser(
         "compare",
-        help="two patch series in one environment: interleaved starts, ratio, verdict",
-        description="Alternate fresh vLLM starts of A and B (A B B A ...), each with its patch series "
-        "applied and restored around it; per figure B/A with an interval and a verdict.",
+        help="two patch series, both engines alive together: paired calls, ratio, verdict",
+        description="Start a vLLM engine for each side (its own patched copy of vLLM; the environment is "
+        "not modified), alternate timed calls between them, repeat in blocks of fresh engines until the "
+        "verdict is decided or the budget is spent. Verdicts: slower, faster, no change beyond X%, undecided.",
     )
     p.add_argument("a", nargs="?", help="side A: a commit (its patches/ series) or a series directory")
     p.add_argument("b", nargs="?", help="side B: the same")
+    p.add_argument("--python", default=None, metavar="PATH", help="interpreter of the environment (default: this one)")
+    p.add_argument("--shape", default=DEFAULT_SHAPE, metavar="pPnN[bB]", help=f"decode shape (default {DEFAULT_SHAPE})")
     p.add_argument(
-        "--python", default=None, metavar="PATH", help="interpreter of the environment to patch (default: this one)"
+        "--budget",
+        type=float,
+        default=DEFAULT_BUDGET_MIN,
+        metavar="MIN",
+        help=f"machine minutes at most; blocks double while undecided (default {DEFAULT_BUDGET_MIN:g})",
     )
-    p.add_argument("--shapes", nargs="+", metavar="pPnN[bB]", default=None, help="decode shapes (default p128n128)")
-    p.add_argument(
-        "--starts",
-        type=int,
-        default=decode.DEFAULT_STARTS,
-        help=f"counted starts per side (default {decode.DEFAULT_STARTS})",
-    )
-    p.add_argument("--warmup-starts", type=int, default=1, help="uncounted starts per side first (default 1)")
-    p.add_argument(
-        "--iterations",
-        type=int,
-        default=decode.DEFAULT_ITERATIONS,
-        help=f"timed generate calls per start (default {decode.DEFAULT_ITERATIONS})",
-    )
-    p.add_argument("--level", type=float, default=DEFAULT_LEVEL, help="interval level (default 0.95)")
+    p.add_argument("--rounds", type=int, default=pair.DEFAULT_ROUNDS, help="paired rounds per block (default 40)")
+    p.add_argument("--level", type=float, default=DEFAULT_LEVEL, help="overall interval level (default 0.95)")
     p.add_argument(
         "--min-effect",
         type=float,
-        default=DEFAULT_MIN_EFFECT,
-        help=f"smallest ratio change called slower/faster (default {DEFAULT_MIN_EFFECT})",
+        default=stats.DEFAULT_MIN_EFFECT,
+        help="the change you would act on: undecided while the interval holds it (default 0.05)",
     )
     p.add_argument(
         "--repo", default=str(revisions.ROOT), help="repository whose commits carry patches/ (default: this checkout)"
     )
     p.add_argument("--out-dir", default=None, help="vLLM logs and caches (default ~/.cache/b70bench/compare/STAMP)")
-    p.add_argument("--restore", action="store_true", help="only restore the environment (after a hard kill)")
     p.add_argument("--site-dir", default=None, help=argparse.SUPPRESS)  # tests: a pip --target install
     p.add_argument("--prefix", default=None, help=argparse.SUPPRESS)
     add_json_arg(p)

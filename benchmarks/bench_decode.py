@@ -1,4 +1,12 @@
-"""End-to-end vLLM decode: several fresh vLLM starts per (commit, shape) in setup_cache, many figures.
+"""End-to-end vLLM decode per (commit, shape) in setup_cache, many figures.
+
+Walking commits (asv sets ASV_COMMIT; CPU default): the commit is measured against its git parent
+the way `b70bench compare` measures, both engines alive together and calls alternating, in blocks of
+fresh engines until decided or B70BENCH_DECODE_BUDGET_MIN (default compare.DEFAULT_BUDGET_MIN) is
+spent. Each block is one sample: this commit's median seconds per output token (the plotted figure)
+and its B/A against the parent (track_ratio_to_parent, what the website's verdict is read from),
+with the minutes and calls it took. B70BENCH_DECODE_PAIRED=0 (the Makefile's `make bench`) measures
+separate starts instead, as below.
 
 Seconds per output/total token drive regression detection (asv only knows lower-is-better): their
 samples are one figure per start (the fastest timed call of that start), so asv's interval and
@@ -12,8 +20,11 @@ seeds' shapes. B70BENCH_DECODE_SHAPES
 
 import math
 import os
+from pathlib import Path
 
-from b70bench import cachekey, decode
+from b70bench import cachekey, compare, decode, patches
+from b70bench.decode import model as decode_model
+from b70bench.fingerprint import fingerprint
 
 from .common import select_device, skip_if
 
@@ -39,6 +50,66 @@ def _starts() -> int:
     return int(text)
 
 
+def _paired(dev) -> bool:
+    return bool(os.environ.get("ASV_COMMIT")) and dev.backend == "cpu" and os.environ.get("B70BENCH_DECODE_PAIRED") != "0"
+
+
+def _budget_s() -> float:
+    text = os.environ.get("B70BENCH_DECODE_BUDGET_MIN")
+    if not text:
+        return compare.DEFAULT_BUDGET_MIN * 60
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if value < compare.MIN_BUDGET_MIN:
+        raise NotImplementedError(
+            f"B70BENCH_DECODE_BUDGET_MIN={text!r}: set {compare.MIN_BUDGET_MIN:g} or more minutes per commit"
+        )
+    return value * 60
+
+
+def _paired_summary(shape: str, dev) -> dict:
+    """One shape of this commit against its parent (compare.against_parent) as the figures asv tracks."""
+    commit = os.environ["ASV_COMMIT"]
+    repo = Path(os.environ.get("ASV_CONF_DIR") or ".")
+    out_dir = decode_model.cache_root() / "asv-paired" / commit[:12] / shape
+    res = compare.against_parent(
+        repo, commit, patches.Env(), out_dir, shape=shape, budget_s=_budget_s(), level=compare.WALK_LEVEL
+    )
+    b = res["sides"]["B"]
+    per_block = res["block_s_per_output_token"]["B"]
+    first = next(iter(res["block_records"]), {})
+    prompt_len, output_len = (int(x) for x in shape.strip("p").split("b")[0].split("n"))
+    run = {
+        "shape": shape,
+        "model": decode_model.model_id(),
+        "dtype": "bfloat16",
+        "tp": 1,
+        "max_model_len": compare.engine_spec(shape)[0]["max_model_len"],
+        "fingerprint": fingerprint(dev),
+        "cache_dir": b["cache_dir"],
+        "cache_keys": b["cache_keys_full"],
+        "log_path": (first.get("starts") or {}).get("B", {}).get("log_path"),
+    }
+    withheld = b["gate"] == 1
+    summary = {
+        "shape": shape,
+        "starts": res["blocks"],
+        "starts_s_per_output_token": [] if withheld else per_block,
+        "starts_s_per_total_token": [] if withheld else [x * output_len / (prompt_len + output_len) for x in per_block],
+        "output_tok_per_s": None if withheld or not per_block else 1.0 / res["median_b"],
+        "kv_cache_tokens": b["kv_cache_tokens"],
+        "gate": b["gate"],
+        "ratio_to_parent": [] if withheld else res["block_ratios"],
+        "minutes": res["minutes"],
+        "calls": res["calls_per_side"],
+        "cache_key": cachekey.from_decode_record(run),
+    }
+    cachekey.save(summary["cache_key"], run)
+    return summary
+
+
 def _seconds(per_start):
     return {"samples": per_start, "number": 1} if per_start else math.nan
 
@@ -55,12 +126,15 @@ class Decode:
     params = [_shapes()]
     timeout = 3600
     # 2: CPU runs use the in-process engine (decode.environment.CPU_ENGINE_ENV); 3: and preload tcmalloc and Intel
-    # OpenMP (decode.environment.cpu_preload); 4: one sample per start. Older figures are not comparable.
-    version = 4
+    # OpenMP (decode.environment.cpu_preload); 4: one sample per start; 5: one sample per paired block.
+    # Older figures are not comparable.
+    version = 5
 
     def setup_cache(self):
         dev = select_device()
         skip_if(decode.unavailable_reason(dev))
+        if _paired(dev):
+            return {shape: _paired_summary(shape, dev) for shape in self.params[0]}
         recs = decode.measure(
             self.params[0],
             model=os.environ.get("B70BENCH_DECODE_MODEL") or None,
@@ -94,6 +168,24 @@ class Decode:
         return _seconds(cache[shape]["starts_s_per_total_token"])
 
     track_s_per_total_token.unit = "seconds"
+
+    def track_ratio_to_parent(self, cache, shape):
+        """This commit's seconds per output token over its parent's, one sample per block of paired calls."""
+        return _seconds(cache[shape].get("ratio_to_parent"))
+
+    track_ratio_to_parent.unit = "ratio"
+
+    def track_minutes(self, cache, shape):
+        """Machine minutes the paired measurement took (more where it was undecided)."""
+        return _figure(cache[shape], "minutes")
+
+    track_minutes.unit = "minutes"
+
+    def track_calls(self, cache, shape):
+        """Timed calls per side that decided the verdict."""
+        return _figure(cache[shape], "calls")
+
+    track_calls.unit = "calls"
 
     def track_output_tok_per_s(self, cache, shape):
         return _figure(cache[shape], "output_tok_per_s")

@@ -169,7 +169,8 @@ def stream_once(llm, prompts: list[list[int]], output_len: int, tag: str, temper
     }
 
 
-def run(spec: dict) -> dict:
+def start(spec: dict):
+    """Start the engine, run the gate (and canaries) and the warm-up; returns (llm, result, prompts, params)."""
     t_start = time.perf_counter()
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
@@ -215,6 +216,14 @@ def run(spec: dict) -> dict:
     sp = SamplingParams(temperature=temperature, max_tokens=spec["output_len"], ignore_eos=True, detokenize=False)
     for _ in range(spec.get("warmup", 1)):
         llm.generate(tprompts, sp, use_tqdm=False)
+    result["ready_s"] = time.perf_counter() - t_start
+    return llm, result, tprompts, sp
+
+
+def run(spec: dict) -> dict:
+    llm, result, tprompts, sp = start(spec)
+    prompts = [p["prompt_token_ids"] for p in tprompts]
+    temperature = sp.temperature
     latencies, foreign = [], []
     generated = 0
     probe = Interference()

@@ -38,6 +38,8 @@ from b70bench.patches.series import DEFAULT_DIR, Patch, PatchSet, Target, load
 from b70bench.patches.status import status
 from b70bench.patches.versions import version_matches
 
+from b70bench.patches import overlay  # noqa: E402  (after journal and plan, which it uses)
+
 __all__ = [
     "ALIASES",
     "DEFAULT_DIR",
@@ -54,6 +56,7 @@ __all__ = [
     "env_lock",
     "find_distribution",
     "load",
+    "overlay",
     "plan",
     "read_journal",
     "read_state",

@@ -96,8 +96,11 @@ def _pristine_problems(res: Resolved, changes: list[Change]) -> list[str]:
     return [f"{line[3:]} ({line[:2].strip()} in git status)" for line in out.stdout.splitlines() if line.strip()]
 
 
-def plan(ps: PatchSet, env: Env, check_pristine: bool = True) -> list[Change]:
-    """Every file the set changes, with its original and patched bytes; raises UsageError if any step would fail."""
+def plan(ps: PatchSet, env: Env, check_pristine: bool = True, read=None) -> list[Change]:
+    """Every file the set changes, with its original and patched bytes; raises UsageError if any step would fail.
+
+    read(path) -> bytes | None gives a file's original bytes (default: what is on disk); an overlay
+    built beside a patched environment reads the journal's backups instead (patches.overlay)."""
     changes: dict[Path, Change] = {}
     resolved: dict[Target, Resolved] = {}
     for patch in ps.patches:
@@ -105,7 +108,10 @@ def plan(ps: PatchSet, env: Env, check_pristine: bool = True) -> list[Change]:
         for fd in patch.files:
             path = res.root / fd.path
             if path not in changes:
-                data = path.read_bytes() if path.exists() else None
+                if read is not None:
+                    data = read(path)
+                else:
+                    data = path.read_bytes() if path.exists() else None
                 changes[path] = Change(res, fd.path, data, data)
     if check_pristine:  # before the hunks: "your vLLM was edited" says more than "hunk 3 fails"
         for res in resolved.values():

@@ -90,6 +90,21 @@ def with_work(text: str, reps: int) -> str:
     )
 
 
+def with_graph_work(text: str, reps: int) -> str:
+    """`reps` 64x64 matrix products per decoder layer and step inside the compiled graph (Dynamo traces
+    the layer's forward): their result joins the hidden states times zero, so the tokens stay the same
+    and the compiler cannot drop the work."""
+    return _edit(
+        text,
+        "        hidden_states = self.block_sparse_moe(hidden_states)\n",
+        f"        # Deliberate in-graph work: {reps} {WORK_SIZE}x{WORK_SIZE} matrix products per layer and step.\n"
+        f"        _m = hidden_states.new_ones({WORK_SIZE}, {WORK_SIZE}) * hidden_states[0, 0]\n"
+        f"        for _ in range({reps}):\n"
+        f"            _m = torch.tanh(_m @ _m)\n"
+        f"        hidden_states = hidden_states + 0.0 * _m[0, 0]\n",
+    )
+
+
 def noop_patch(env: Env | None = None) -> str:
     old = _pristine(NOOP_FILE, env)
     return diff(

@@ -1,0 +1,67 @@
+"""One vLLM engine kept alive and timed on demand: `python -m b70bench.decode.live SPEC.json FD`.
+
+Started by b70bench.pair in its own process group. It starts like child.py (engine, gate, warm-up)
+and then answers commands read from stdin, one JSON line each, written to file descriptor FD (vLLM's
+own output goes to the log on stdout/stderr, so the two never mix):
+
+    call  -> the host probe, then one timed LLM.generate of the shape: {"probe_s", "latency_s", "tokens"}
+    stop  -> exits
+
+The first line on FD is the start's result (gate hash, start time) with "ready": true, or
+"ok": false and the error. Two of these, each importing its own patched vLLM (patches.overlay),
+alternate calls so both sides are timed in the same seconds of the host.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import traceback
+
+from b70bench.decode.child import host_probe, peak_memory, start
+
+
+def serve(spec: dict, reply) -> None:
+    llm, result, tprompts, sp = start(spec)
+    result["ready"] = True
+    result["pid"] = os.getpid()
+    reply(result)
+    for line in sys.stdin:
+        cmd = line.strip()
+        if cmd == "call":
+            probe = host_probe(reps=1)
+            t0 = time.perf_counter()
+            outs = llm.generate(tprompts, sp, use_tqdm=False)
+            latency = time.perf_counter() - t0
+            tokens = sum(len(o.outputs[0].token_ids) for o in outs)
+            reply({"probe_s": probe, "latency_s": latency, "tokens": tokens})
+        elif cmd == "stop":
+            mem, scope = peak_memory()
+            reply({"stopped": True, "peak_memory_bytes": mem, "peak_memory_scope": scope})
+            return
+        else:
+            reply({"ok": False, "error": f"unknown command {cmd!r}"})
+
+
+def main(argv: list[str]) -> int:
+    with open(argv[1]) as f:
+        spec = json.load(f)
+    out = os.fdopen(int(argv[2]), "w", buffering=1)
+
+    def reply(obj: dict) -> None:
+        out.write(json.dumps(obj) + "\n")
+        out.flush()
+
+    try:
+        serve(spec, reply)
+        return 0
+    except BaseException as err:  # the parent waits for one line: it must come out whatever vLLM raised
+        traceback.print_exc()
+        reply({"ok": False, "error": f"{type(err).__name__}: {err}".splitlines()[0][:400]})
+        return 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv))

@@ -1,0 +1,103 @@
+"""A patch series as a private copy of vLLM for one process, leaving the environment untouched.
+
+`build(series_dir, env, dest)` writes dest/<package> as a tree of symlinks into the environment's
+site-packages, with real directories only along the paths of the files the series changes, and
+those files holding their patched bytes. A process started with dest first on PYTHONPATH imports
+the patched package; every other process keeps importing the environment's. Two engines with
+different series can therefore run at the same time, each reading only its own files for as long
+as it lives (`b70bench compare` and the decode asv adapter start them side by side).
+
+The original bytes come from the environment's journal backups where the environment itself has
+a series applied (an asv environment holds the commit it measures), so an overlay is always the
+installed package plus exactly its own series. Only distribution targets can be overlaid; a
+source-tree target (llm-scaler built in place) has to be applied to the environment instead.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from b70bench.errors import UsageError
+from b70bench.patches.installed import Env
+from b70bench.patches.journal import read_journal
+from b70bench.patches.plan import plan
+from b70bench.patches.series import load
+
+MANIFEST = "b70bench-overlay.txt"
+
+
+def _pristine_reader(env: Env):
+    """path -> installed bytes: the journal's backup for a file the environment's series changed."""
+    journal = read_journal(env) or {}
+    backups = {e["path"]: e.get("backup") for e in journal.get("files", [])}
+
+    def read(path: Path) -> bytes | None:
+        key = str(path)
+        if key in backups:
+            return None if backups[key] is None else (env.work / backups[key]).read_bytes()
+        return path.read_bytes() if path.exists() else None
+
+    return read, journal
+
+
+def _mirror(src: Path, dst: Path, keep: set[str]) -> None:
+    """dst as a directory of symlinks to src's entries, except the names in keep (made real, by the caller)."""
+    dst.mkdir(parents=True, exist_ok=True)
+    for entry in os.scandir(src):
+        if entry.name in keep or entry.name == "__pycache__":
+            continue
+        os.symlink(entry.path, dst / entry.name)
+
+
+def _place(root: Path, dest: Path, rel: str, data: bytes | None) -> None:
+    """Make dest/rel hold data, turning each directory on the way into a real mirror of root's."""
+    parts = Path(rel).parts
+    for i in range(1, len(parts)):
+        d = dest.joinpath(*parts[:i])
+        if d.is_symlink():
+            d.unlink()
+        if not d.exists():
+            _mirror(root.joinpath(*parts[:i]), d, {parts[i]})
+        else:  # a real mirror already: drop the link to the next component, if any
+            nxt = d / parts[i]
+            if nxt.is_symlink():
+                nxt.unlink()
+                if i < len(parts) - 1:
+                    _mirror(root.joinpath(*parts[: i + 1]), nxt, {parts[i + 1]})
+    target = dest / rel
+    if target.is_symlink():
+        target.unlink()
+    if data is not None:
+        target.write_bytes(data)
+
+
+def build(series_dir: str | os.PathLike, env: Env, dest: str | os.PathLike) -> Path:
+    """dest holding the installed packages a series touches, patched; returns dest (for PYTHONPATH)."""
+    dest = Path(dest)
+    if dest.exists():
+        shutil.rmtree(dest)
+    dest.mkdir(parents=True)
+    ps = load(series_dir, allow_missing=True)
+    read, journal = _pristine_reader(env)
+    changes = plan(ps, env, read=read)
+    files: dict[tuple[Path, str], bytes | None] = {}
+    for ch in changes:
+        if ch.resolved.target.kind != "dist":
+            raise UsageError(
+                f"{ch.resolved.target.label} is a source tree: a series for it cannot run beside another; "
+                f"apply it to the environment (`b70bench patches apply`) instead"
+            )
+        files[(ch.resolved.root, ch.rel)] = ch.patched
+    # Files the environment's own series changed and this one does not: their installed bytes.
+    for e in journal.get("files", []):
+        key = (Path(e["root"]), e["rel"])
+        if key not in files:
+            files[key] = read(Path(e["path"]))
+    for (root, rel), data in sorted(files.items(), key=lambda kv: kv[0][1]):
+        _place(root, dest, rel, data)
+    (dest / MANIFEST).write_text(
+        f"patch set {ps.hash}\n" + "".join(f"{rel}\n" for (_root, rel) in sorted(files, key=lambda k: k[1]))
+    )
+    return dest

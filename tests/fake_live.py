@@ -1,0 +1,50 @@
+"""Stands in for b70bench.decode.live in tests: the same protocol on the reply descriptor, no vLLM.
+
+It imports fakevllm's model file as its PYTHONPATH resolves it (an overlay, in the tests), runs 10%
+"slower" when that file holds the patched text, and can fail to start, die at a call (SIGKILL, as
+kill -9 would) or leave a grandchild behind, as a crashed engine's workers would.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+
+def main(argv):
+    with open(argv[1]) as f:
+        spec = json.load(f)
+    out = os.fdopen(int(argv[2]), "w", buffering=1)
+
+    def reply(obj):
+        out.write(json.dumps(obj) + "\n")
+        out.flush()
+
+    if spec.get("fail_start"):
+        print("RuntimeError: fake engine refused to start: " + spec["fail_start"], flush=True)
+        reply({"ok": False, "error": "RuntimeError: " + spec["fail_start"]})
+        return 1
+    if spec.get("grandchild"):
+        subprocess.Popen(["sleep", "300"])
+    import fakevllm.models.minimax_m2 as model
+
+    with open(model.__file__) as f:
+        slow = "k + q" in f.read()
+    reply({"ready": True, "token_sha256": "ab" * 32, "module_file": model.__file__, "pid": os.getpid()})
+    n = 0
+    for line in sys.stdin:
+        if line.strip() == "call":
+            n += 1
+            if spec.get("die_at_call") == n:
+                os.kill(os.getpid(), signal.SIGKILL)
+            latency = 0.1 * (1.1 if slow else 1.0) * (1 + 0.01 * (n % 3))
+            reply({"probe_s": 0.01, "latency_s": latency, "tokens": 128})
+        elif line.strip() == "stop":
+            reply({"stopped": True})
+            return 0
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv))
