@@ -4,7 +4,8 @@ A and B are commits of the project (their patches/ series) or series directories
 A B B A A B B A ...: before each start that side's series is applied to the environment's vLLM,
 after it the environment is restored, so slow drift of the host falls on both sides alike. Per
 figure: B/A as the median of the pairwise ratios of per-start figures (Hodges-Lehmann), its
-Mann-Whitney interval (stats.ratio_interval) and a verdict: slower / faster / no difference this machine can resolve.
+Mann-Whitney interval (stats.ratio_interval) and a verdict: slower, faster, "no change beyond X%" (the
+interval rules out more, X at most --min-effect) or undecided (this machine cannot yet resolve --min-effect).
 Beside it each side's gate and compile-cache keys, from the same starts.
 
 The environment is locked for the whole run; Ctrl-C restores before exiting, and after a hard
@@ -33,7 +34,9 @@ FIGURES = (
 )
 DEFAULT_LEVEL = 0.95
 # Smaller ratios are reported but not called slower/faster: below what a user would act on.
-DEFAULT_MIN_EFFECT = 0.01
+DEFAULT_FLOOR = stats.DEFAULT_FLOOR
+# The change that matters: an interval that still holds it is undecided, not "no change".
+DEFAULT_MIN_EFFECT = stats.DEFAULT_MIN_EFFECT
 SIDES = "AB"
 
 
@@ -65,9 +68,15 @@ def _keys(rec: dict) -> str:
 
 
 def analyse(
-    recs: dict[str, list[dict]], level: float = DEFAULT_LEVEL, min_effect: float = DEFAULT_MIN_EFFECT
+    recs: dict[str, list[dict]],
+    level: float = DEFAULT_LEVEL,
+    min_effect: float = DEFAULT_MIN_EFFECT,
+    floor: float = DEFAULT_FLOOR,
 ) -> list[dict]:
-    """Rows (shape x figure) from each side's start records: ratio B/A, interval, verdict, gates, keys."""
+    """Rows (shape x figure) from each side's start records: ratio B/A, interval, verdict, gates, keys.
+
+    verdict is the word (stats.SLOWER / FASTER / NO_CHANGE / UNDECIDED), text the printed verdict and bound
+    the largest change a "no change" rules out."""
     rows = []
     shapes = dict.fromkeys(r["shape"] for side in SIDES for r in recs[side])
     for shape in shapes:
@@ -93,12 +102,16 @@ def analyse(
                 "hi": None,
                 "level": level,
                 "verdict": None,
+                "text": None,
+                "bound": None,
             }
             if min(len(values["A"]), len(values["B"])) >= 2:
                 r = stats.ratio_interval(values["A"], values["B"], level)
-                row.update(ratio=r.ratio, lo=r.lo, hi=r.hi, verdict=r.verdict(min_effect))
+                d = r.decide(min_effect, floor)
+                row.update(ratio=r.ratio, lo=r.lo, hi=r.hi, verdict=d.word, text=d.text, bound=d.bound)
             else:
-                row["verdict"] = "too few starts (a failed start or a failed gate withholds speed)"
+                row["verdict"] = stats.UNDECIDED
+                row["text"] = f"{stats.UNDECIDED}: too few starts (a failed start or a failed gate withholds speed)"
             rows.append(row)
     return rows
 
@@ -180,7 +193,7 @@ def format_rows(rows: list[dict]) -> list[str]:
         med = lambda v: f"{v * 1e3:.3f} ms" if v is not None else "-"  # noqa: E731
         lines.append(
             f"{r['shape']:11} {r['figure']:27} {med(r['median_a']):>10} {med(r['median_b']):>10} "
-            f"{r['n_a']:>2}/{r['n_b']:<2}  {ratio:>6} {interval:17} {r['verdict']}"
+            f"{r['n_a']:>2}/{r['n_b']:<2}  {ratio:>6} {interval:17} {r['text']}"
         )
     seen = set()
     for r in rows:
@@ -224,7 +237,7 @@ def run(args) -> int:
             f"order {''.join(order(args.starts))}, logs in {out_dir}"
         )
         recs = run_compare(walker, dirs, shapes, args.starts, args.iterations, out_dir, args.warmup_starts)
-    rows = analyse(recs, args.level, args.min_effect)
+    rows = analyse(recs, args.level, args.min_effect, args.floor)
     if args.json:
         records.write_json(args.json, recs["A"] + recs["B"], a=labels["A"], b=labels["B"], rows=rows)
     print()
@@ -265,7 +278,14 @@ def register(sub) -> None:
         "--min-effect",
         type=float,
         default=DEFAULT_MIN_EFFECT,
-        help=f"smallest ratio change called slower/faster (default {DEFAULT_MIN_EFFECT})",
+        help=f"the change that matters: an interval that still holds it is undecided, one within it says "
+        f"'no change beyond X%%' (default {DEFAULT_MIN_EFFECT})",
+    )
+    p.add_argument(
+        "--floor",
+        type=float,
+        default=DEFAULT_FLOOR,
+        help=f"smallest ratio change called slower/faster (default {DEFAULT_FLOOR}; what --min-effect set before)",
     )
     p.add_argument(
         "--repo", default=str(revisions.ROOT), help="repository whose commits carry patches/ (default: this checkout)"
