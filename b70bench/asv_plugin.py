@@ -1,24 +1,36 @@
 """asv plugin (asv.conf.json "plugins"): b70bench's verdicts on the regressions page of `asv publish`.
 
 asv's Regressions publisher (order 3) writes regressions.json from its step fit. This publisher
-runs after it and, for the decode speed figures (one sample per fresh vLLM start, recorded with
-`asv run --record-samples`; results without samples keep asv's entries), replaces asv's entries
-with b70bench.verdicts' walk over the same result files: a real slowdown is named at the commit
-it lands, also the newest one, and a commit inside the noise is not. Throughput figures (higher
-is better, which asv cannot read) lose their entries: their verdict is the seconds figure's.
-The regressions page gets a note saying which statistic decided and a table of every verdict;
-b70bench-verdicts.json holds the same.
+runs after it and, for the decode seconds figures, replaces asv's entries with b70bench.verdicts'
+verdicts over the same result files (slower, faster, "no change beyond X%" or undecided):
 
-Settings (asv.conf.json, optional): "b70bench_verdicts": {"level": 0.99, "min_effect": 0.02}.
+- where the results carry `track_ratio_to_parent` samples (one B/A per block, each commit measured
+  alternating with its git parent in one host window), each such commit against its parent
+  (verdicts.paired);
+- else, where they carry per-start samples (`asv run --record-samples`), the walk over the history
+  (verdicts.walk): a real slowdown is named at the commit it lands, also the newest one, and a
+  commit inside the noise is not. Results without samples keep asv's entries.
+
+Only `slower` verdicts become regressions.json entries. Throughput figures (higher is better, which
+asv cannot read) and the paired measurement's own figures (ratio to parent, minutes, calls: asv
+would step-fit them) lose their entries. The regressions page gets a note saying which rule decided
+and a table of every verdict; b70bench-verdicts.json holds the same, b70bench-verdicts.xml is an
+Atom feed of every verdict (asv's regressions.xml keeps the slower ones).
+
+Settings (asv.conf.json, optional):
+"b70bench_verdicts": {"level": 0.99, "min_effect": 0.05, "floor": 0.01}.
 """
 
 from __future__ import annotations
 
+import datetime
 import html
 import itertools
 import os
+import subprocess
+import urllib.parse
 
-from asv import util
+from asv import feed, util
 from asv.plugins.regressions import Regressions
 from asv.publishing import OutputPublisher
 from asv.results import iter_results
@@ -27,39 +39,133 @@ from b70bench import stats, verdicts
 
 # Per-start figures (lower is better) b70bench decides; asv's step fit still decides every other figure.
 DECIDED = ("bench_decode.Decode.track_s_per_output_token", "bench_decode.Decode.track_s_per_total_token")
-# Higher-is-better twins of DECIDED: asv would list a speed-up as a regression.
-WITHDRAWN = ("bench_decode.Decode.track_output_tok_per_s", "bench_decode.Decode.track_total_tok_per_s")
+# Paired B/A ratios to the git parent, one sample per block; the machine minutes and the timed calls per
+# side that measurement took (one value each).
+RATIO = "bench_decode.Decode.track_ratio_to_parent"
+MINUTES = "bench_decode.Decode.track_minutes"
+CALLS = "bench_decode.Decode.track_calls"
+# Withdrawn from asv's list: the higher-is-better twins of DECIDED (asv would list a speed-up as a
+# regression) and the paired measurement's figures (a ratio near 1 or a machine-minute count is no speed).
+WITHDRAWN = (
+    "bench_decode.Decode.track_output_tok_per_s",
+    "bench_decode.Decode.track_total_tok_per_s",
+    RATIO,
+    MINUTES,
+    CALLS,
+)
 NOTE_ID = "b70bench-verdicts"
+FEED = "b70bench-verdicts.xml"
 
 
 def _entry_name(benchmark: dict, param) -> str:
     return benchmark["name"] if param is None else f"{benchmark['name']}({', '.join(param)})"
 
 
-def _series(results: list, benchmark: dict, graph, revisions: dict) -> list[tuple[int | None, tuple | None, list]]:
-    """(param index, param values, [verdicts.Point]) for each parameter combination of one graph."""
-    combos = list(enumerate(itertools.product(*benchmark["params"]))) if benchmark.get("params") else [(None, None)]
-    points: dict[int | None, list[verdicts.Point]] = {j: [] for j, _ in combos}
+def _matches(res, graph) -> bool:
+    return not any(graph.params.get(k) != v for k, v in res.params.items())
+
+
+def _figure(results: list, benchmarks, name: str, graph, revisions: dict) -> dict:
+    """{param values (a tuple, () unparameterized): {commit: (samples or None, value or None)}} of one figure."""
+    bench = benchmarks.get(name)
+    out: dict[tuple, dict[str, tuple]] = {}
+    if not bench:
+        return out
+    params = bench.get("params") or []
     for res in results:
-        rev = revisions.get(res.commit_hash)
-        if rev is None or any(graph.params.get(k) != v for k, v in res.params.items()):
+        if res.commit_hash not in revisions or not _matches(res, graph):
             continue
         try:
-            samples = res.get_result_samples(benchmark["name"], benchmark["params"])
+            values = res.get_result_value(name, params)
+            samples = res.get_result_samples(name, params)
         except KeyError:
             continue
-        for j, _ in combos:
-            s = samples if j is None else samples[j]
-            if s:
-                points[j].append(verdicts.Point(rev, res.commit_hash, tuple(s)))
-    return [(j, param, points[j]) for j, param in combos]
+        for k, combo in enumerate(itertools.product(*params)):
+            value = values[k] if k < len(values) else None
+            s = samples[k] if samples and k < len(samples) else None
+            if value is not None or s:
+                out.setdefault(tuple(combo), {})[res.commit_hash] = (tuple(s) if s else None, value)
+    return out
 
 
-def _jump(v: verdicts.Verdict, revisions: dict, repo) -> tuple:
+def _single(figure: dict, combo: tuple, commit: str):
+    """The value of a one-value figure (minutes, calls) at this parameter combination, else the unparameterized one."""
+    for key in (combo, ()):
+        got = figure.get(key, {}).get(commit)
+        if got and got[1] is not None:
+            return got[1]
+    return None
+
+
+def _level(samples, value) -> float | None:
+    """A commit's figure: the geometric mean of its samples, else asv's value."""
+    good = [s for s in samples or () if s is not None and s > 0]
+    return stats.geomean(good) if good else value
+
+
+def _extra(minutes: dict, calls: dict, combo: tuple, commit: str) -> tuple[float | None, int | None]:
+    """(machine minutes, timed calls per side) of one commit's measurement, where recorded."""
+    m, c = _single(minutes, combo, commit), _single(calls, combo, commit)
+    return (None if m is None else float(m), None if c is None else int(c))
+
+
+def _around(v: verdicts.Verdict, seconds: dict) -> tuple[float, float]:
+    """(before, after) of a paired verdict on the seconds figure, as the paired ratio reads it: the commit's
+    figure and that over the ratio (the parent's figure times the ratio where the commit has none; (1, ratio)
+    where neither has one: asv's feed needs numbers)."""
+    r = v.ratio.ratio if v.ratio else 1.0
+    parent = v.reference[0] if v.reference else None
+    if v.commit in seconds and (after := _level(*seconds[v.commit])) is not None:
+        return after / r, after
+    if parent in seconds and (before := _level(*seconds[parent])) is not None:
+        return before, before * r
+    return 1.0, r
+
+
+class _Git:
+    """Parent and subject of commits, from `git log` in the project's repository; failures read as unknown."""
+
+    def __init__(self, conf, repo):
+        # asv runs with the working directory at the conf's directory, so a relative conf.repo resolves here.
+        local = getattr(conf, "repo", None)
+        self.dir = local if local and os.path.isdir(local) else getattr(repo, "_path", None)
+        self.cache: dict[str, tuple[str | None, str]] = {}
+
+    def info(self, commit: str) -> tuple[str | None, str]:
+        """(first parent or None, subject or "-")."""
+        if commit not in self.cache:
+            parent, subject = None, "-"
+            if self.dir:
+                try:
+                    done = subprocess.run(
+                        ["git", "-C", self.dir, "log", "-1", "--format=%P%x00%s", commit],
+                        capture_output=True,
+                        text=True,
+                        timeout=30,
+                    )
+                    if done.returncode == 0 and "\x00" in done.stdout:
+                        parents, subject = done.stdout.rstrip("\n").split("\x00", 1)
+                        parent = parents.split()[0] if parents.split() else None
+                        subject = subject or "-"
+                except (OSError, subprocess.SubprocessError):
+                    pass
+            self.cache[commit] = (parent, subject)
+        return self.cache[commit]
+
+
+def _walk_jump(v: verdicts.Verdict, revisions: dict, repo) -> tuple:
     """asv's (last good revision or None for a one-commit range, first bad revision, before, after)."""
     good = v.reference[-1]
     commits = repo.get_hashes_from_range(repo.get_range_spec(good, v.commit))
     return (None if len(commits) == 1 else revisions[good], v.revision, v.before, v.after)
+
+
+def _paired_jump(v: verdicts.Verdict, revisions: dict, measured: set) -> tuple:
+    """(parent revision, commit revision, before, after). The parent's revision only where it has results of
+    the figure (asv's feed reads its run time); else None, asv's mark of a one-commit range."""
+    parent = v.reference[0] if v.reference else None
+    good = revisions[parent] if parent in revisions and parent in measured else None
+    return (good, v.revision, v.before, v.after)
 
 
 class Verdicts(OutputPublisher):
@@ -71,39 +177,57 @@ class Verdicts(OutputPublisher):
         settings = getattr(conf, "b70bench_verdicts", None) or {}
         level = float(settings.get("level", verdicts.LEVEL))
         min_effect = float(settings.get("min_effect", verdicts.MIN_EFFECT))
+        floor = float(settings.get("floor", verdicts.FLOOR))
         path = os.path.join(conf.html_dir, "regressions.json")
         data = util.load_json(path) if os.path.exists(path) else {"regressions": []}
         bare = lambda name: name.split("(", 1)[0]  # noqa: E731
         asv_entries = data["regressions"]
         all_params = graphs.get_params()
+        git = _Git(conf, repo)
         rows, entries, decided = [], [], set()
-        results = list(iter_results(conf.results_dir))  # read once; every decided graph walks the same files
+        results = list(iter_results(conf.results_dir))  # read once; every decided graph reads the same files
         for file_name, graph in graphs:
             benchmark = benchmarks.get(os.path.basename(file_name))
             if not benchmark or benchmark["name"] not in DECIDED or "summary" in graph.params:
                 continue
             graph_params = {k: v for k, v in graph.params.items() if len(all_params[k]) > 1}
-            for j, param, points in _series(results, benchmark, graph, revisions):
-                name = _entry_name(benchmark, param)
-                if not any(len(p.samples) >= 2 for p in points):
-                    continue  # results without per-start samples (no --record-samples): asv's own fit stays
+            seconds = _figure(results, benchmarks, benchmark["name"], graph, revisions)
+            ratios = _figure(results, benchmarks, RATIO, graph, revisions)
+            minutes = _figure(results, benchmarks, MINUTES, graph, revisions)
+            calls = _figure(results, benchmarks, CALLS, graph, revisions)
+            combos = list(itertools.product(*benchmark["params"])) if benchmark.get("params") else [()]
+            for j, combo in enumerate(combos):
+                idx = j if benchmark.get("params") else None
+                name = _entry_name(benchmark, combo if benchmark.get("params") else None)
+                mine = seconds.get(tuple(combo), {})
+                paired = ratios.get(tuple(combo)) or ratios.get((), {})
+                extra = {c: _extra(minutes, calls, tuple(combo), c) for c in {*paired, *mine}}
+                if any(s for s, _v in paired.values()):
+                    points = [
+                        verdicts.Point(revisions[c], c, s or (), *extra[c], parent=git.info(c)[0])
+                        for c, (s, _v) in paired.items()
+                    ]
+                    decided_here = verdicts.paired(points, level, min_effect, floor)
+                    for v in decided_here:
+                        v.before, v.after = _around(v, mine)
+                    jumps = [_paired_jump(v, revisions, set(mine)) for v in decided_here if v.verdict == stats.SLOWER]
+                else:
+                    points = [verdicts.Point(revisions[c], c, s, *extra[c]) for c, (s, _v) in mine.items() if s]
+                    if not any(len(p.samples) >= 2 for p in points):
+                        continue  # results without per-start samples (no --record-samples): asv's own fit stays
+                    decided_here = verdicts.walk(points, level, min_effect, floor)
+                    jumps = [_walk_jump(v, revisions, repo) for v in decided_here if v.verdict == stats.SLOWER]
                 decided.add(name)
-                walked = verdicts.walk(points, level, min_effect)
-                rows += [(name, graph_params, v) for v in walked]
-                jumps = [_jump(v, revisions, repo) for v in walked if v.verdict == stats.SLOWER]
+                for v in decided_here:
+                    v.subject = git.info(v.commit)[1]
+                rows += [(name, graph_params, idx, v) for v in decided_here]
                 if jumps:
-                    newest = max(points, key=lambda p: p.revision)
-                    entries.append(
-                        [
-                            name,
-                            graph.path + ".json",
-                            graph_params,
-                            j,
-                            stats.geomean(newest.samples),
-                            min(stats.geomean(p.samples) for p in points),
-                            jumps,
-                        ]
-                    )
+                    levels = {c: x for c, (s, val) in mine.items() if (x := _level(s, val)) is not None}
+                    if levels:
+                        last, best = levels[max(levels, key=lambda c: revisions[c])], min(levels.values())
+                    else:  # no seconds values at all: the paired ratios' own scale
+                        last = best = 1.0
+                    entries.append([name, graph.path + ".json", graph_params, idx, last, best, jumps])
         kept = [r for r in asv_entries if bare(r[0]) not in WITHDRAWN and r[0] not in decided]
         data["regressions"] = kept + entries
         util.write_json(path, data, compact=True)
@@ -111,59 +235,94 @@ class Verdicts(OutputPublisher):
             Regressions._save_feed(
                 conf, benchmarks, data["regressions"], revisions, {r: h for h, r in revisions.items()}
             )
+        rules = tuple(dict.fromkeys(v.rule for *_rest, v in rows)) or (verdicts.PAIRED, verdicts.WALK)
         util.write_json(
             os.path.join(conf.html_dir, "b70bench-verdicts.json"),
             {
-                "rule": verdicts.describe(level, min_effect),
+                "rule": verdicts.describe(level, min_effect, floor, rules),
+                "rules": list(rules),
                 "level": level,
                 "min_effect": min_effect,
+                "floor": floor,
                 "decided": list(DECIDED),
                 "withdrawn": list(WITHDRAWN),
-                "verdicts": [_row_json(n, p, v) for n, p, v in rows],
+                "verdicts": [_row_json(n, p, v) for n, p, _j, v in rows],
             },
         )
-        _write_note(conf.html_dir, level, min_effect, rows, conf.hash_length)
+        _write_note(conf.html_dir, level, min_effect, floor, rows, conf.hash_length)
+        _write_feed(conf, benchmarks, results, rows)
 
 
 def _row_json(name: str, params: dict, v: verdicts.Verdict) -> dict:
-    r = v.ratio
+    r, d = v.ratio, v.decision
     return {
         "benchmark": name,
         "graph_params": params,
         "commit": v.commit,
+        "subject": v.subject,
+        "rule": v.rule,
         "reference": v.reference,
         "verdict": v.verdict,
+        "text": v.text,
+        "bound": d.bound if d else None,
+        "min_effect": d.min_effect if d else None,
         "ratio": r and r.ratio,
         "lo": r and r.lo,
         "hi": r and r.hi,
-        "n_reference": r and r.n_a,
-        "n": r and r.n_b,
+        "level": r and r.level,
+        "n_reference": r.n_a if r and v.rule == verdicts.WALK else None,
+        "n": v.n,
+        "calls": v.calls,
+        "minutes": v.minutes,
         "before": v.before,
         "after": v.after,
     }
 
 
-def _write_note(html_dir: str, level: float, min_effect: float, rows, hash_length: int) -> None:
+def _against(v: verdicts.Verdict, hash_length: int) -> str:
+    if not v.reference:
+        return "-"
+    if len(v.reference) == 1:
+        return f"<code>{v.reference[0][:hash_length]}</code>" + (" (parent)" if v.rule == verdicts.PAIRED else "")
+    return (
+        f"<code>{v.reference[0][:hash_length]}</code>..<code>{v.reference[-1][:hash_length]}</code> "
+        f"({len(v.reference)} commits)"
+    )
+
+
+def _samples(v: verdicts.Verdict) -> str:
+    if v.rule == verdicts.PAIRED:
+        text = f"{v.n} block{'s' if v.n != 1 else ''}"
+    else:
+        text = f"{v.n} start{'s' if v.n != 1 else ''}" + (f" (reference {v.ratio.n_a})" if v.ratio else "")
+    return text + (f", {v.calls} calls a side" if v.calls is not None else "")
+
+
+def _write_note(html_dir: str, level: float, min_effect: float, floor: float, rows, hash_length: int) -> None:
     """Put the rule and the verdict table above the regressions table of index.html."""
     body = []
-    for name, _params, v in rows:
+    for name, _params, _j, v in rows:
         r = v.ratio
         figures = f"{r.ratio:.3f} [{r.lo:.3f}, {r.hi:.3f}]" if r else "-"
+        minutes = f"{v.minutes:.1f}" if v.minutes is not None else "-"
         body.append(
-            f"<tr><td>{html.escape(name)}</td><td><code>{v.commit[:hash_length]}</code></td>"
-            f"<td>{len(v.reference)} commit(s)</td><td>{figures}</td><td><b>{html.escape(v.verdict)}</b>"
-            f"</td></tr>"
+            f"<tr><td>{html.escape(name)}</td><td><code>{v.commit[:hash_length]}</code> "
+            f"{html.escape(v.subject or '-')}</td><td>{_against(v, hash_length)}</td><td>{figures}</td>"
+            f"<td><b>{html.escape(v.text)}</b></td><td>{_samples(v)}</td><td>{minutes}</td></tr>"
         )
+    rules = tuple(dict.fromkeys(v.rule for *_rest, v in rows)) or (verdicts.PAIRED, verdicts.WALK)
+    decided_by = " and ".join(f"the {rule} rule" for rule in rules)
     note = (
         f'<div id="{NOTE_ID}" style="margin: 1em 2em">'
         f"<p><b>Decode speed verdicts by b70bench.</b> The figures {', '.join(n.split('.')[-1] for n in DECIDED)} "
-        f"are listed below by b70bench's statistic, not asv's step fit: "
-        f"{html.escape(verdicts.describe(level, min_effect))}"
-        f". Each sample is one fresh vLLM start. Throughput figures are not listed (asv reads every rise as a "
-        f"regression); their verdict is the seconds figure's.</p>"
+        f"are listed below by b70bench's statistic, not asv's step fit, here decided by {decided_by}. "
+        f"{html.escape(verdicts.describe(level, min_effect, floor, rules))} "
+        f"A paired block is one B/A from this commit and its parent measured alternating; a walk sample is one "
+        f"fresh vLLM start. Throughput figures are not listed (asv reads every rise as a regression; their "
+        f"verdict is the seconds figure's), nor the paired measurement's ratio, minutes and calls.</p>"
         f'<table class="table table-condensed"><thead><tr><th>figure</th><th>commit</th><th>against</th>'
-        f"<th>ratio [{level:.0%} interval]</th><th>verdict</th></tr></thead><tbody>{''.join(body)}"
-        f"</tbody></table></div>"
+        f"<th>ratio [{level:.0%} interval]</th><th>verdict</th><th>samples</th><th>minutes</th></tr></thead>"
+        f"<tbody>{''.join(body)}</tbody></table></div>"
     )
     index = os.path.join(html_dir, "index.html")
     with open(index) as f:
@@ -176,3 +335,57 @@ def _write_note(html_dir: str, level: float, min_effect: float, rows, hash_lengt
     text = text.replace(anchor, note + "\n      " + anchor, 1)
     with open(index, "w") as f:
         f.write(text)
+
+
+def _write_feed(conf, benchmarks, results: list, rows) -> None:
+    """b70bench-verdicts.xml: an Atom entry per verdict (every word), dated when its commit was measured."""
+    when: dict[tuple[str, str], int] = {}
+    for res in results:
+        for key in (*DECIDED, RATIO):
+            stamp = res.started_at.get(key) or res.date
+            if stamp:
+                when[key, res.commit_hash] = max(when.get((key, res.commit_hash), 0), stamp)
+    entries = []
+    for name, params, j, v in rows:
+        bare = name.split("(", 1)[0]
+        stamp = when.get((RATIO if v.rule == verdicts.PAIRED else bare, v.commit)) or when.get((bare, v.commit))
+        updated = (
+            datetime.datetime.fromtimestamp(stamp / 1000, tz=datetime.UTC)
+            if stamp
+            else datetime.datetime.now(datetime.UTC)
+        )
+        query = dict(params, commits=v.commit)
+        benchmark = benchmarks.get(bare) or {}
+        if j is not None and benchmark.get("params"):
+            combo = next(itertools.islice(itertools.product(*benchmark["params"]), j, j + 1))
+            query.update({f"p-{k}": val for k, val in zip(benchmark.get("param_names", []), combo, strict=False)})
+        link = f"index.html#{bare}?{urllib.parse.urlencode(query)}"
+        short = v.commit[: conf.hash_length]
+        r = v.ratio
+        summary = (
+            f"{html.escape(v.text)}. B/A {r.ratio:.3f} [{r.lo:.3f}, {r.hi:.3f}] at {r.level:.0%}"
+            if r
+            else html.escape(v.text)
+        )
+        against = ", ".join(c[: conf.hash_length] for c in v.reference) or "-"
+        summary += (
+            f"<br>Commit {short} {html.escape(v.subject or '-')} against {against} ({v.rule} rule); "
+            f"{_samples(v)}" + (f"; {v.minutes:.1f} machine minutes" if v.minutes is not None else "") + "."
+        )
+        entries.append(
+            feed.FeedEntry(
+                f"{name} at {short} {v.subject or '-'}: {v.text}",
+                updated,
+                link,
+                summary,
+                [name, *v.reference[-1:], v.commit, v.verdict],
+            )
+        )
+    entries.sort(key=lambda e: e.updated, reverse=True)
+    feed.write_atom(
+        os.path.join(conf.html_dir, FEED),
+        entries,
+        title=f"{conf.project} decode speed verdicts (b70bench)",
+        author="b70bench",
+        address=f"{conf.project}.b70bench",
+    )

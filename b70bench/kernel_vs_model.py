@@ -89,24 +89,27 @@ def read_results(results_dir: Path, machine: str | None = None, warn=None) -> di
 
 
 def _change(value: float, samples, prev: tuple | None, tolerance: float, level: float) -> dict:
-    """The figure against the previous commit that had it: ratio, interval where both have samples, verdict."""
-    out = {"value": value, "ratio": None, "interval": None, "verdict": None}
+    """The figure against the previous commit that had it: ratio, interval where both have samples, verdict.
+
+    verdict is the word (stats.SLOWER / FASTER / NO_CHANGE / UNDECIDED), text the printed verdict. A change is
+    named from `tolerance` on (the floor); smaller than the larger of tolerance and stats.DEFAULT_MIN_EFFECT
+    is what "no change" rules out. One value a side has no interval: named by the change itself, else undecided."""
+    out = {"value": value, "ratio": None, "interval": None, "verdict": None, "text": None}
     if prev is None:
         return out
     prev_value, prev_samples = prev
     out["ratio"] = value / prev_value
     if samples and prev_samples and len(samples) >= 2 and len(prev_samples) >= 2:
         r = stats.ratio_interval(prev_samples, samples, level)
+        d = r.decide(max(tolerance, stats.DEFAULT_MIN_EFFECT), tolerance)
         out["ratio"], out["interval"] = r.ratio, [r.lo, r.hi]
-        out["verdict"] = r.verdict(tolerance)
-    else:  # one value a side: the change itself decides
-        out["verdict"] = (
-            stats.SLOWER
-            if out["ratio"] > 1 + tolerance
-            else stats.FASTER
-            if out["ratio"] < 1 - tolerance
-            else stats.NO_DIFFERENCE
-        )
+        out["verdict"], out["text"] = d.word, d.text
+    elif out["ratio"] > 1 + tolerance:
+        out["verdict"] = out["text"] = stats.SLOWER
+    elif out["ratio"] < 1 - tolerance:
+        out["verdict"] = out["text"] = stats.FASTER
+    else:
+        out["verdict"], out["text"] = stats.UNDECIDED, f"{stats.UNDECIDED}: one value a side, no interval"
     return out
 
 
@@ -149,7 +152,8 @@ def compare(
             if group == "kernels" and change["verdict"] == stats.FASTER:
                 for prev in earlier[-kernel_window:-1]:
                     if _change(value, samples.get(name), prev, effect, level)["verdict"] != stats.FASTER:
-                        change["verdict"] = stats.NO_DIFFERENCE
+                        change["verdict"] = stats.UNDECIDED
+                        change["text"] = f"{stats.UNDECIDED}: not faster than each of the last {kernel_window} commits"
                         change["not_faster_than_earlier"] = True
             row[group][name] = change
             last[name] = [*earlier, (value, samples.get(name))][-kernel_window:]

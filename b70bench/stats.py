@@ -35,8 +35,46 @@ def geomean(values) -> float:
     return math.exp(sum(math.log(v) for v in values) / len(values))
 
 
-# Verdict words, as the CLI, the JSON and the website print them.
-SLOWER, FASTER, NO_DIFFERENCE = "slower", "faster", "no difference"
+# Verdict words, as the CLI, the JSON and the website print them. "no change" is printed with its bound
+# ("no change beyond 3.1%"), "undecided" with the interval that still holds a change that matters.
+SLOWER, FASTER, NO_CHANGE, UNDECIDED = "slower", "faster", "no change", "undecided"
+# The smallest change that matters: an interval that still holds it is undecided, not "no change".
+DEFAULT_MIN_EFFECT = 0.05
+# The smallest ratio called slower / faster even when the interval excludes 1.
+DEFAULT_FLOOR = 0.01
+
+
+def _pct(fraction: float) -> str:
+    """0.05 -> "5%", 0.025 -> "2.5%" (min_effect as a user set it)."""
+    return f"{round(fraction * 100, 6):g}%"
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One of the four verdicts for a ratio and what it rests on.
+
+    bound: for NO_CHANGE, the largest change the interval still holds, as a fraction (max(hi, 1/lo) - 1);
+    None for the other words. lo / hi: the interval the decision was read from (for the text)."""
+
+    word: str
+    bound: float | None
+    min_effect: float
+    lo: float = math.nan
+    hi: float = math.nan
+
+    @property
+    def named(self) -> bool:
+        return self.word in (SLOWER, FASTER)
+
+    @property
+    def text(self) -> str:
+        if self.word == NO_CHANGE:
+            return f"{NO_CHANGE} beyond {self.bound * 100:.1f}%"
+        if self.word == UNDECIDED:
+            if not (0.0 < self.lo and math.isfinite(self.hi)):
+                return f"{UNDECIDED}: too few samples for an interval at this level"
+            return f"{UNDECIDED}: [{self.lo:.3f}, {self.hi:.3f}] still holds a {_pct(self.min_effect)} change"
+        return self.word
 
 
 @dataclass(frozen=True)
@@ -50,13 +88,97 @@ class Ratio:
     n_a: int
     n_b: int
 
-    def verdict(self, min_effect: float = 0.0) -> str:
-        """slower / faster when the interval excludes 1 and the ratio is at least min_effect away from it."""
-        if self.lo > 1.0 and self.ratio >= 1.0 + min_effect:
-            return SLOWER
-        if self.hi < 1.0 and self.ratio <= 1.0 / (1.0 + min_effect):
-            return FASTER
-        return NO_DIFFERENCE
+    def decide(self, min_effect: float = DEFAULT_MIN_EFFECT, floor: float = DEFAULT_FLOOR) -> Decision:
+        """The four verdicts, first match wins:
+
+        - slower: the interval's lower end above 1 and the ratio at least 1 + floor;
+        - faster: the upper end below 1 and the ratio at most 1 / (1 + floor);
+        - no change beyond X: the interval lies within [1 / (1 + X), 1 + X], X = max(hi, 1/lo) - 1 <= min_effect;
+        - undecided: the interval still holds a change of min_effect (or has no finite ends: too few samples).
+        """
+        if self.lo > 1.0 and self.ratio >= 1.0 + floor:
+            return Decision(SLOWER, None, min_effect, self.lo, self.hi)
+        if self.hi < 1.0 and self.ratio <= 1.0 / (1.0 + floor):
+            return Decision(FASTER, None, min_effect, self.lo, self.hi)
+        if self.lo > 0.0 and math.isfinite(self.hi):
+            widest = max(self.hi, 1.0 / self.lo)
+            if widest <= 1.0 + min_effect:
+                return Decision(NO_CHANGE, widest - 1.0, min_effect, self.lo, self.hi)
+        return Decision(UNDECIDED, None, min_effect, self.lo, self.hi)
+
+    def verdict(self, min_effect: float = DEFAULT_MIN_EFFECT, floor: float = DEFAULT_FLOOR) -> str:
+        """decide()'s printed text: "slower", "faster", "no change beyond 3.1%", "undecided: [...] still holds..."."""
+        return self.decide(min_effect, floor).text
+
+
+def t_cdf(t: float, df: int) -> float:
+    """P(T <= t) for Student's t with a whole number of degrees of freedom (df >= 1), exact.
+
+    With theta = atan(t / sqrt(df)), P(|T| < t) is a finite sum in cos(theta) (Abramowitz and Stegun 26.7.3-4):
+    odd df: (2/pi) (theta + sin cos (1 + 2/3 c^2 + 2*4/(3*5) c^4 + ... up to c^(df-3)));
+    even df: sin (1 + 1/2 c^2 + 1*3/(2*4) c^4 + ... up to c^(df-2))."""
+    if df < 1 or int(df) != df:
+        raise ValueError(f"df must be a whole number >= 1 (have {df})")
+    if t == 0:
+        return 0.5
+    if math.isinf(t):
+        return 1.0 if t > 0 else 0.0
+    theta = math.atan(abs(t) / math.sqrt(df))
+    s, c2 = math.sin(theta), math.cos(theta) ** 2
+    if df % 2:
+        term, total = 1.0, 1.0 if df > 1 else 0.0
+        for k in range(1, (df - 1) // 2):  # terms c^2k with coefficient prod (2j) / (2j + 1), j = 1..k
+            term *= c2 * (2 * k) / (2 * k + 1)
+            total += term
+        inside = 2.0 / math.pi * (theta + s * math.cos(theta) * total)
+    else:
+        term, total = 1.0, 1.0
+        for k in range(1, df // 2):  # terms c^2k with coefficient prod (2j - 1) / (2j), j = 1..k
+            term *= c2 * (2 * k - 1) / (2 * k)
+            total += term
+        inside = s * total
+    inside = min(max(inside, 0.0), 1.0)
+    return 0.5 + inside / 2.0 if t > 0 else 0.5 - inside / 2.0
+
+
+def t_quantile(p: float, df: int) -> float:
+    """The t with P(T <= t) = p, by bisection on t_cdf (to about 1e-12 relative)."""
+    if not 0.0 < p < 1.0:
+        raise ValueError(f"p must be in (0, 1) (have {p})")
+    if p == 0.5:
+        return 0.0
+    if p < 0.5:
+        return -t_quantile(1.0 - p, df)
+    lo, hi = 0.0, 1.0
+    while t_cdf(hi, df) < p:
+        lo, hi = hi, hi * 2.0
+    for _ in range(200):
+        mid = (lo + hi) / 2.0
+        if t_cdf(mid, df) < p:
+            lo = mid
+        else:
+            hi = mid
+        if hi - lo <= 1e-12 * hi:
+            break
+    return (lo + hi) / 2.0
+
+
+def paired_interval(ratios: list[float], level: float = 0.95) -> Ratio:
+    """B/A from paired ratios: each value one B/A of an independent block (B and A measured alternating in
+    the same window), so host drift between blocks falls on both sides of each ratio and cancels.
+
+    The geometric mean and a Student-t interval of the logs: exp(mean +- t * sd / sqrt(n)), t at
+    (1 + level) / 2 with n - 1 degrees of freedom. n_a = n_b = n. Needs two or more positive ratios."""
+    n = len(ratios)
+    if n < 2:
+        raise ValueError(f"need at least two paired ratios (have {n})")
+    if min(ratios) <= 0:
+        raise ValueError("paired ratios must be positive")
+    logs = [math.log(r) for r in ratios]
+    mean = sum(logs) / n
+    sd = math.sqrt(sum((x - mean) ** 2 for x in logs) / (n - 1))
+    half = t_quantile((1.0 + level) / 2.0, n - 1) * sd / math.sqrt(n)
+    return Ratio(math.exp(mean), math.exp(mean - half), math.exp(mean + half), level, n, n)
 
 
 def _rank_sum_cdf(m: int, n: int) -> list[float]:

@@ -4,7 +4,8 @@ Each pair is the shipped series (A) against the shipped series plus one patch (B
 64x64 matrix products per decode step (b70bench.patches.synthetic.with_work; the measured ratio
 calibrates it), `noop` a comment in a file vLLM never imports for this model. Every compare is a real
 `run_compare` on this interpreter's environment. Prints one row per pair: the measured ratio of each
-run, how often it was called slower, how often anything but "no difference".
+run, how often it was called slower, how often slower or faster, how often undecided (the interval still holds
+a change of --min-effect; the rest ruled it out: "no change beyond X%").
 
     python scripts/decode_mde.py --pairs noop work:3 work:5 work:8 --repeats 2 --json mde.json
 """
@@ -47,6 +48,8 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=2, help="compares per pair")
     p.add_argument("--starts", type=int, default=decode.DEFAULT_STARTS, help="counted starts per side")
     p.add_argument("--level", type=float, default=compare.DEFAULT_LEVEL)
+    p.add_argument("--min-effect", type=float, default=compare.DEFAULT_MIN_EFFECT)
+    p.add_argument("--floor", type=float, default=compare.DEFAULT_FLOOR)
     p.add_argument("--json", default=None, help="every compare's row and start figures")
     args = p.parse_args()
     text = synthetic.shipped_model_text()
@@ -68,7 +71,11 @@ def main() -> int:
                     Path(tmp) / f"{pair}-{rep}",
                     out=lambda _l: None,
                 )
-                row = next(r for r in compare.analyse(recs, args.level) if r["figure"] == "s_per_output_token")
+                row = next(
+                    r
+                    for r in compare.analyse(recs, args.level, args.min_effect, args.floor)
+                    if r["figure"] == "s_per_output_token"
+                )
                 row.update(
                     pair=pair,
                     repeat=rep,
@@ -79,21 +86,22 @@ def main() -> int:
                 runs.append(row)
                 print(
                     f"{pair:8} run {rep}: B/A {row['ratio']:.3f} [{row['lo']:.3f}, {row['hi']:.3f}] "
-                    f"{row['verdict']} ({row['wall_s']} s)",
+                    f"{row['text']} ({row['wall_s']} s)",
                     flush=True,
                 )
                 if args.json:
                     Path(args.json).write_text(json.dumps(runs, indent=2))
-    print("\n| pair | runs | B/A per run | called slower | called anything but no difference |")
-    print("|---|---|---|---|---|")
+    print("\n| pair | runs | B/A per run | called slower | called slower or faster | undecided |")
+    print("|---|---|---|---|---|---|")
     for pair in dict.fromkeys(args.pairs):
         mine = [r for r in runs if r["pair"] == pair]
         ratios = ", ".join(f"{r['ratio']:.3f}" for r in mine)
         slower = sum(r["verdict"] == stats.SLOWER for r in mine)
-        other = sum(r["verdict"] != stats.NO_DIFFERENCE for r in mine)
+        named = sum(r["verdict"] in (stats.SLOWER, stats.FASTER) for r in mine)
+        undecided = sum(r["verdict"] == stats.UNDECIDED for r in mine)
         print(
             f"| {pair} | {len(mine)} | {ratios} (median {statistics.median(r['ratio'] for r in mine):.3f}) | "
-            f"{slower}/{len(mine)} | {other}/{len(mine)} |"
+            f"{slower}/{len(mine)} | {named}/{len(mine)} | {undecided}/{len(mine)} |"
         )
     return 0
 

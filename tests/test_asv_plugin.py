@@ -1,22 +1,29 @@
 """b70bench's verdicts on asv's own website: the real `asv publish` over written result files.
 
-Per-start samples at the spread measured on the CPU default (tests/test_verdicts.START_CV), a
+Walk: per-start samples at the spread measured on the CPU default (tests/test_verdicts.START_CV), a
 history of six commits where the newest is 12% slower (the CI walk's size), plus a throughput figure whose noise asv
 would list as regressions. Asserted: regressions.json names the newest commit on the seconds figure
 and nothing else on any decode speed figure, while asv's own entries for other figures stay.
+
+Paired: each commit's B/A blocks to its parent (track_ratio_to_parent), one commit 8% slower, no-op
+commits, one commit with two blocks only. Asserted: the four words, the page's table, the Atom feed.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import random
 import subprocess
 import sys
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from gitrepo import git
 from test_verdicts import START_CV
+
+from b70bench import stats
 
 COLS = [
     "result",
@@ -36,6 +43,10 @@ COLS = [
 SECONDS = "bench_decode.Decode.track_s_per_output_token"
 RATE = "bench_decode.Decode.track_output_tok_per_s"
 KEY = "bench_decode.Decode.track_aot_key_differs_from_pin"
+RATIO = "bench_decode.Decode.track_ratio_to_parent"
+MINUTES = "bench_decode.Decode.track_minutes"
+CALLS = "bench_decode.Decode.track_calls"
+UNITS = {SECONDS: "seconds", RATE: "tok/s", KEY: "changed", RATIO: "ratio", MINUTES: "minutes", CALLS: "calls"}
 
 
 def bench(name: str, unit: str) -> dict:
@@ -52,7 +63,10 @@ def bench(name: str, unit: str) -> dict:
     }
 
 
-def write_result(d: Path, commit: str, date: int, samples: list[float], key: float, record_samples=True) -> None:
+def write_result(
+    d: Path, commit: str, date: int, samples: list[float], key: float, record_samples=True, extra=None
+) -> None:
+    """One commit's result file; extra: {figure: (value, samples or None)} beside the decode figures."""
     med = sorted(samples)[len(samples) // 2]
     row = lambda value, s: [
         [value],
@@ -82,15 +96,17 @@ def write_result(d: Path, commit: str, date: int, samples: list[float], key: flo
             SECONDS: row(med, samples if record_samples else None),
             RATE: row(128 / (med * 128), None),
             KEY: row(key, None),
+            **{name: row(value, s) for name, (value, s) in (extra or {}).items()},
         },
     }
     (d / f"{commit[:8]}-virtualenv-py3.11.json").write_text(json.dumps(data))
 
 
-def project(tmp_path, levels, record_samples=True, interfered=None):
+def project(tmp_path, levels, record_samples=True, interfered=None, paired=None, subjects=None, settings=None):
     """Six commits, their result files (8 starts each at START_CV around `levels`), `asv publish`.
 
-    Returns (html directory, commits)."""
+    paired: {commit index: (B/A blocks to the parent, machine minutes, calls a side)} written as the
+    track_ratio_to_parent / track_minutes / track_calls figures. Returns (html directory, commits)."""
     repo = tmp_path / "repo"
     repo.mkdir()
     git(repo, "init", "-q", "-b", "main")
@@ -98,22 +114,24 @@ def project(tmp_path, levels, record_samples=True, interfered=None):
     for i in range(6):
         (repo / "f").write_text(str(i))
         git(repo, "add", "f")
-        git(repo, "commit", "-qm", f"c{i}")
+        git(repo, "commit", "-qm", subjects[i] if subjects else f"c{i}")
         commits.append(git(repo, "rev-parse", "HEAD"))
     results = tmp_path / "results"
     (results / "box").mkdir(parents=True)
     (results / "box" / "machine.json").write_text(json.dumps({"machine": "box", "version": 1}))
     (results / "benchmarks.json").write_text(
-        json.dumps(
-            {SECONDS: bench(SECONDS, "seconds"), RATE: bench(RATE, "tok/s"), KEY: bench(KEY, "changed"), "version": 2}
-        )
+        json.dumps({**{name: bench(name, unit) for name, unit in UNITS.items()}, "version": 2})
     )
     rng = random.Random(2)
     for i, c in enumerate(commits):
         samples = [levels[i] * 1e-3 * math.exp(rng.gauss(0, START_CV)) for _ in range(8)]
         if i == interfered:
             samples[3] *= 12  # a start another process took: must not name this commit
-        write_result(results / "box", c, 1_000 + i, samples, 1.0 if i >= 3 else 0.0, record_samples)
+        extra = None
+        if paired and i in paired:
+            blocks, minutes, calls = paired[i]
+            extra = {RATIO: (stats.geomean(blocks), blocks), MINUTES: (minutes, None), CALLS: (calls, None)}
+        write_result(results / "box", c, 1_000 + i, samples, 1.0 if i >= 3 else 0.0, record_samples, extra)
     conf = {
         "version": 1,
         "project": "t",
@@ -125,20 +143,26 @@ def project(tmp_path, levels, record_samples=True, interfered=None):
         "results_dir": str(results),
         "html_dir": str(tmp_path / "html"),
         "plugins": [".b70bench.asv_plugin"],
-        "b70bench_verdicts": {"level": 0.99, "min_effect": 0.02},
+        "b70bench_verdicts": settings or {"level": 0.99, "min_effect": 0.05, "floor": 0.02},
     }
     (tmp_path / "asv.conf.json").write_text(json.dumps(conf))
     publish(tmp_path)
     return tmp_path / "html", commits
 
 
+ROOT = Path(__file__).resolve().parent.parent
+
+
 def publish(tmp_path) -> subprocess.CompletedProcess:
+    # This checkout's plugin, also where the interpreter has another checkout installed (editable).
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     done = subprocess.run(
         [sys.executable, "-m", "asv", "publish", "--config", str(tmp_path / "asv.conf.json")],
         capture_output=True,
         text=True,
         timeout=300,
         cwd=tmp_path,
+        env=env,
     )
     assert done.returncode == 0, done.stdout + done.stderr
     return done
@@ -163,9 +187,13 @@ def test_publish_names_the_slow_commit_and_no_other(tmp_path):
     assert named.get(KEY) == {commits[3]}, named  # asv's own step fit still decides the key figure
     verdicts = json.loads((html / "b70bench-verdicts.json").read_text())
     rows = [(v["commit"], v["verdict"]) for v in verdicts["verdicts"]]
-    assert rows == [(c, "no difference") for c in commits[1:5]] + [(commits[5], "slower")], rows
+    # Eight starts at 5.5% a commit cannot rule out a 5% change: the no-op commits are undecided, not named.
+    assert rows == [(c, stats.UNDECIDED) for c in commits[1:5]] + [(commits[5], stats.SLOWER)], rows
+    assert all(v["text"].endswith("still holds a 5% change") for v in verdicts["verdicts"][:4]), verdicts
+    assert {v["rule"] for v in verdicts["verdicts"]} == {"walk"} and verdicts["floor"] == 0.02
     page = (html / "index.html").read_text()
     assert page.count('id="b70bench-verdicts"') == 1 and "Hodges-Lehmann" in page
+    assert "Paired:" not in page  # the note names the rule that decided
     # Publishing again replaces the note rather than stacking a second one.
     publish(tmp_path)
     assert (html / "index.html").read_text().count('id="b70bench-verdicts"') == 1
@@ -177,3 +205,67 @@ def test_results_without_samples_keep_asvs_own_verdict(tmp_path):
     assert named_commits(html).get(SECONDS) == {commits[3]}
     rows = json.loads((html / "b70bench-verdicts.json").read_text())["verdicts"]
     assert not [v for v in rows if v["benchmark"].startswith(SECONDS)]
+
+
+NOOP, SLOW = 1.0, 1.08  # paired B/A centres: a commit that changed nothing, an 8% slowdown
+BLOCK_SD = 0.02  # log-normal spread of one block's B/A
+SUBJECTS = ["baseline", "tidy imports", "rename a helper", "slow down the decode loop", "docs only", "flaky one"]
+
+
+def test_paired_ratios_decide_each_commit_against_its_parent(tmp_path):
+    """Eight blocks a commit: the 8% slowdown is slower, the no-op commits "no change beyond X%", the commit with
+    two blocks undecided. The per-start samples are flat (the walk would name nothing): the paired rule decides.
+
+    Eight, not six: at 2% a block and 99%, six blocks put a no-op's bound at 3.3% plus the mean's own error,
+    too near 5% for a test; eight at 2.5% plus it."""
+    rng = random.Random(4)
+    blocks = lambda centre, n, sd=BLOCK_SD: [centre * math.exp(rng.gauss(0, sd)) for _ in range(n)]  # noqa: E731
+    paired = {
+        1: (blocks(NOOP, 8), 10.0, 40),
+        2: (blocks(NOOP, 8), 10.5, 40),
+        3: (blocks(SLOW, 8), 21.5, 40),
+        4: (blocks(NOOP, 8), 20.0, 40),
+        5: (blocks(NOOP, 2, 0.05), 19.5, 40),
+    }
+    html, commits = project(tmp_path, [1.0] * 6, paired=paired, subjects=SUBJECTS)
+    named = named_commits(html)
+    assert named.get(SECONDS) == {commits[3]}, named
+    # asv would step-fit the paired measurement's own figures (minutes double at commit 3): withdrawn.
+    assert not {RATIO, MINUTES, CALLS, RATE} & set(named), named
+    index = json.loads((html / "index.json").read_text())
+    rev = {h: int(r) for r, h in index["revision_to_hash"].items()}
+    entries = json.loads((html / "regressions.json").read_text())["regressions"]
+    jumps = [jump for e in entries if e[0].startswith(SECONDS) for jump in e[6]]
+    assert [(good, bad) for good, bad, _b, _a in jumps] == [(rev[commits[2]], rev[commits[3]])], jumps
+    assert jumps[0][3] / jumps[0][2] > 1.02, jumps  # before and after as the paired ratio reads them
+
+    out = json.loads((html / "b70bench-verdicts.json").read_text())
+    rows = {v["commit"]: v for v in out["verdicts"]}
+    assert list(rows) == commits[1:], rows  # one verdict per commit with blocks; the baseline has none
+    assert all(v["rule"] == "paired" and v["reference"] == [commits[i]] for i, v in enumerate(rows.values()))
+    words = [rows[c]["verdict"] for c in commits[1:]]
+    assert words == [stats.NO_CHANGE, stats.NO_CHANGE, stats.SLOWER, stats.NO_CHANGE, stats.UNDECIDED], out
+    for i in (1, 2, 4):
+        v = rows[commits[i]]
+        assert v["text"] == f"no change beyond {v['bound'] * 100:.1f}%" and v["bound"] <= 0.04, v  # margin to 5%
+        assert v["lo"] < 1 < v["hi"], v
+    assert rows[commits[3]]["lo"] > 1.03 and rows[commits[3]]["text"] == "slower", rows[commits[3]]
+    last = rows[commits[5]]
+    assert last["text"].startswith("undecided: [") and last["text"].endswith("still holds a 5% change"), last
+    assert (last["n"], last["calls"], last["minutes"], last["subject"]) == (2, 40, 19.5, "flaky one"), last
+    assert rows[commits[3]]["subject"] == "slow down the decode loop" and rows[commits[3]]["min_effect"] == 0.05
+
+    page = (html / "index.html").read_text()
+    note = page[page.index('id="b70bench-verdicts"') : page.index("</table></div>")]
+    assert "slow down the decode loop" in note and "21.5" in note and "8 blocks, 40 calls a side" in note, note
+    assert "Paired:" in note and "Hodges-Lehmann" not in note  # the rule that decided, not the walk's
+    assert note.count("<tr>") == 1 + 5  # header and one row per verdict
+    assert f"<code>{commits[2][:8]}</code> (parent)" in note
+    assert "no change beyond" in note and "undecided: [" in note
+
+    root = ET.parse(html / "b70bench-verdicts.xml").getroot()
+    atom = "{http://www.w3.org/2005/Atom}"
+    titles = [e.find(f"{atom}title").text for e in root.findall(f"{atom}entry")]
+    assert len(titles) == 5, titles  # every verdict, not only the slower one
+    assert f"{SECONDS}('p128n128b1') at {commits[3][:8]} slow down the decode loop: slower" in titles, titles
+    assert sum("no change beyond" in t for t in titles) == 3 and sum(": undecided: [" in t for t in titles) == 1

@@ -368,7 +368,7 @@ def test_asv_walk_over_patch_sets(tmp_path):
             # vLLM's shared-memory allreduce itself moves up to 1.3x between processes with nothing changed
             # (103 -> 129 us across the slowdown commit), more than the clone costs there: recorded only.
             if path == "vllm" and size < 1 << 20:
-                assert r.verdict(0.1) == stats.SLOWER, (name, r, comm_row)
+                assert r.decide(floor=0.1).word == stats.SLOWER, (name, r, comm_row)
     # gloo on 2 cores moves between processes by up to 1.6x at 8 B with nothing changed (0.55-2.26 interval
     # ends seen), so "unchanged" can only be shown against that spread: the sizes' geometric mean.
     c10d = [f"{AR_FIGURE}('c10d', 'in-place', {size})" for size in (8, 6144, 1 << 20)]

@@ -196,7 +196,7 @@ def test_bad_input_is_one_line_and_exit_2(env, case, tmp_path):
 
 
 @pytest.mark.slow
-def test_compare_calls_a_slowdown_slower_and_a_noop_no_difference(tmp_path):
+def test_compare_calls_a_slowdown_slower_and_does_not_name_a_noop(tmp_path):
     from b70bench.patches import synthetic
 
     try:
@@ -231,5 +231,6 @@ def test_compare_calls_a_slowdown_slower_and_a_noop_no_difference(tmp_path):
         out[name] = next(r for r in compare.analyse(recs, level) if r["figure"] == "s_per_output_token")
         assert out[name]["gate_a"] != 1 and out[name]["gate_b"] != 1, out[name]
     assert out["slow"]["verdict"] == stats.SLOWER and out["slow"]["lo"] > 1.0, out
-    assert out["noop"]["verdict"] == stats.NO_DIFFERENCE, out
+    # Six starts a side at 99% rarely rule out 5% on this host: "no change beyond X%" or undecided, never named.
+    assert out["noop"]["verdict"] in (stats.NO_CHANGE, stats.UNDECIDED), out
     assert patches.read_journal(walker.env) is None

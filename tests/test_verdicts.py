@@ -1,4 +1,5 @@
-"""The statistics behind compare and the website's verdicts: t quantiles, interval coverage, the walk.
+"""The statistics behind compare and the website's verdicts: the four words, t quantiles, interval coverage,
+the paired rule and the walk.
 
 Noise is simulated at the size measured between fresh vLLM starts of the embedded model on the
 2-core CPU default (coefficient of variation 5-7% per start; docs/decode.md), effects at the sizes
@@ -52,7 +53,8 @@ def test_one_interfered_start_does_not_hide_a_slowdown():
     a = [1.0, 1.01, 0.99, 1.02, 0.98, 1.0]
     b = [1.1, 1.11, 1.09, 1.12, 1.08, 15.0]
     assert stats.ratio_interval(a, b).verdict() == stats.SLOWER
-    assert stats.ratio_interval(a, a[:5] + [15.0]).verdict() == stats.NO_DIFFERENCE
+    # Not named either way; the interval reaches the interfered start, so it cannot rule out 5% (undecided).
+    assert stats.ratio_interval(a, a[:5] + [15.0]).decide().word == stats.UNDECIDED
 
 
 def test_ratio_interval_covers_at_its_level():
@@ -66,12 +68,115 @@ def test_ratio_interval_covers_at_its_level():
     assert 0.945 <= hits / trials <= 0.975
 
 
-def test_verdict_words_and_min_effect():
+def test_the_four_words_from_hand_made_intervals():
     slow = stats.Ratio(1.08, 1.03, 1.13, 0.95, 6, 6)
-    assert slow.verdict() == stats.SLOWER
-    assert slow.verdict(min_effect=0.10) == stats.NO_DIFFERENCE  # resolved, but smaller than asked for
-    assert stats.Ratio(0.9, 0.85, 0.95, 0.95, 6, 6).verdict() == stats.FASTER
-    assert stats.Ratio(1.02, 0.98, 1.06, 0.95, 6, 6).verdict() == stats.NO_DIFFERENCE
+    assert slow.decide() == stats.Decision(stats.SLOWER, None, 0.05, 1.03, 1.13)
+    assert slow.verdict() == "slower"
+    assert stats.Ratio(0.9, 0.85, 0.95, 0.95, 6, 6).verdict() == "faster"
+    # The interval lies within [1/1.031, 1.031]: a change beyond 3.1% is ruled out.
+    same = stats.Ratio(1.005, 0.98, 1.031, 0.95, 6, 6).decide()
+    assert same.word == stats.NO_CHANGE and same.bound == pytest.approx(0.031)
+    assert same.text == "no change beyond 3.1%" and not same.named
+    # The low end decides the bound when 1/lo is the wider side: 1/0.96 = 1.0417.
+    low = stats.Ratio(0.99, 0.96, 1.02, 0.95, 6, 6).decide()
+    assert low.word == stats.NO_CHANGE and low.bound == pytest.approx(1 / 0.96 - 1)
+    assert low.text == "no change beyond 4.2%"
+    # The same centre, twice as wide: a 5% change is still inside, so nothing is ruled out.
+    wide = stats.Ratio(1.01, 0.97, 1.08, 0.95, 6, 6).decide()
+    assert wide.word == stats.UNDECIDED and wide.bound is None
+    assert wide.text == "undecided: [0.970, 1.080] still holds a 5% change"
+    assert stats.Ratio(1.0, 0.94, 1.03, 0.95, 6, 6).decide().word == stats.UNDECIDED  # 1/0.94 = 6.4% below
+    # Too few samples for the level: no finite interval, so undecided whatever the ratio.
+    none = stats.Ratio(1.0, 0.0, math.inf, 0.99, 2, 2).decide()
+    assert none.word == stats.UNDECIDED and "too few samples" in none.text
+
+
+def test_floor_and_min_effect_are_separate_thresholds():
+    slow = stats.Ratio(1.08, 1.03, 1.13, 0.95, 6, 6)
+    # Resolved, but smaller than the floor asked for: not named; the interval still holds 13%.
+    assert slow.decide(floor=0.10).word == stats.UNDECIDED
+    assert slow.decide(min_effect=0.15, floor=0.10).text == "no change beyond 13.0%"
+    # A resolved change below the floor with a narrow interval: within the bound, so "no change beyond".
+    tiny = stats.Ratio(1.005, 1.002, 1.009, 0.95, 6, 6)
+    assert tiny.decide().text == "no change beyond 0.9%"
+    assert tiny.decide(floor=0.004).word == stats.SLOWER
+    # The bound is checked against min_effect: 3.1% is "no change" at 5%, undecided at 2.5%.
+    same = stats.Ratio(1.005, 0.98, 1.031, 0.95, 6, 6)
+    assert same.decide(min_effect=0.025).text == "undecided: [0.980, 1.031] still holds a 2.5% change"
+
+
+@pytest.mark.parametrize(
+    ("p", "df", "expected"),
+    [
+        (0.975, 1, 12.706),
+        (0.975, 2, 4.303),
+        (0.975, 3, 3.182),
+        (0.975, 5, 2.571),
+        (0.975, 10, 2.228),
+        (0.975, 30, 2.042),
+        (0.995, 5, 4.032),
+        (0.995, 1, 63.657),
+        (0.95, 4, 2.132),
+    ],
+)
+def test_t_quantiles_match_the_tables(p, df, expected):
+    assert stats.t_quantile(p, df) == pytest.approx(expected, abs=1e-3)
+    assert stats.t_quantile(1 - p, df) == pytest.approx(-expected, abs=1e-3)
+    assert stats.t_cdf(stats.t_quantile(p, df), df) == pytest.approx(p, abs=1e-12)
+
+
+def test_t_cdf_against_closed_forms_and_the_normal():
+    for t in (-3.0, -0.5, 0.0, 0.7, 2.0, 10.0):
+        assert stats.t_cdf(t, 1) == pytest.approx(0.5 + math.atan(t) / math.pi)  # Cauchy
+        assert stats.t_cdf(t, 2) == pytest.approx(0.5 + t / (2 * math.sqrt(2 + t * t)))
+    assert stats.t_quantile(0.975, 2000) == pytest.approx(1.961, abs=1e-3)  # near the normal's 1.960
+    with pytest.raises(ValueError):
+        stats.t_cdf(1.0, 0)
+
+
+def test_paired_interval_is_the_t_interval_of_the_logs():
+    ratios = [1.02, 0.99, 1.05, 1.01, 1.03]
+    r = stats.paired_interval(ratios, 0.95)
+    logs = [math.log(x) for x in ratios]
+    mean = sum(logs) / 5
+    sd = math.sqrt(sum((x - mean) ** 2 for x in logs) / 4)
+    half = 2.7764451051977987 * sd / math.sqrt(5)  # t_0.975 with 4 degrees of freedom
+    assert r.ratio == pytest.approx(math.exp(mean), rel=1e-12)
+    assert (r.lo, r.hi) == pytest.approx((math.exp(mean - half), math.exp(mean + half)), rel=1e-9)
+    assert (r.level, r.n_a, r.n_b) == (0.95, 5, 5)
+    assert stats.paired_interval(ratios, 0.99).hi > r.hi  # wider at a higher level
+    with pytest.raises(ValueError):
+        stats.paired_interval([1.02])
+    with pytest.raises(ValueError):
+        stats.paired_interval([1.02, 0.0])
+
+
+def test_paired_interval_covers_at_its_level():
+    rng = random.Random(5)
+    trials, hits = 2000, 0
+    for _ in range(trials):
+        r = stats.paired_interval([1.08 * math.exp(rng.gauss(0.0, 0.02)) for _ in range(6)], 0.95)
+        hits += r.lo <= 1.08 <= r.hi
+    assert 0.93 <= hits / trials <= 0.97
+
+
+def test_paired_verdicts_each_against_its_parent():
+    rng = random.Random(3)
+    blocks = lambda centre, n: tuple(centre * math.exp(rng.gauss(0.0, 0.02)) for _ in range(n))  # noqa: E731
+    points = [
+        verdicts.Point(2, "c2", blocks(1.10, 6), minutes=12.5, calls=40, parent="c1"),
+        verdicts.Point(1, "c1", blocks(1.0, 12), parent="c0"),
+        verdicts.Point(3, "c3", blocks(1.0, 2), parent="c2"),
+        verdicts.Point(4, "c4", (1.01,), parent="c3"),
+    ]
+    out = verdicts.paired(points)
+    assert [v.commit for v in out] == ["c1", "c2", "c3", "c4"]
+    assert [v.verdict for v in out] == [stats.NO_CHANGE, stats.SLOWER, stats.UNDECIDED, stats.UNDECIDED]
+    assert [v.reference for v in out] == [["c0"], ["c1"], ["c2"], ["c3"]]
+    assert out[0].text.startswith("no change beyond ") and out[0].decision.bound <= verdicts.MIN_EFFECT
+    assert [v.named for v in out] == [False, True, False, False]
+    assert (out[1].n, out[1].minutes, out[1].calls, out[1].rule) == (6, 12.5, 40, verdicts.PAIRED)
+    assert out[3].decision is None and "1 paired block" in out[3].text
 
 
 def history(rng, effects: list[float], n: int) -> list[verdicts.Point]:
@@ -107,12 +212,12 @@ def test_walk_names_the_commit_a_slowdown_lands_and_not_the_ones_after():
     spread = (1.0, 1.03, 0.97, 1.01, 0.99, 1.02)
     levels = [1.0, 1.0, 1.0, 1.15, 1.15, 1.15]
     out = verdicts.walk([verdicts.Point(i, f"c{i}", tuple(x * lv for x in spread)) for i, lv in enumerate(levels)])
-    assert [v.verdict for v in out] == [
-        stats.NO_DIFFERENCE,
-        stats.NO_DIFFERENCE,
-        stats.SLOWER,
-        stats.NO_DIFFERENCE,
-        stats.NO_DIFFERENCE,
+    assert [v.text for v in out] == [
+        "no change beyond 4.1%",
+        "no change beyond 3.1%",
+        "slower",
+        "no change beyond 4.1%",
+        "no change beyond 3.1%",
     ]
     assert out[2].reference == ["c0", "c1", "c2"] and out[3].reference == ["c3"]
     assert out[2].ratio.ratio == pytest.approx(1.15)
@@ -126,5 +231,6 @@ def test_walk_skips_commits_without_enough_samples():
         verdicts.Point(2, "c", tuple(1.2 * x for x in spread)),
     ]
     out = verdicts.walk(points)
-    assert [(v.commit, v.verdict) for v in out] == [("b", verdicts.TOO_FEW), ("c", stats.SLOWER)]
+    assert [(v.commit, v.verdict) for v in out] == [("b", stats.UNDECIDED), ("c", stats.SLOWER)]
+    assert out[0].decision is None and out[0].text == "undecided: 1 sample(s), an interval needs two"
     assert out[1].reference == ["a"]
