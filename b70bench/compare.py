@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -93,25 +94,40 @@ def compare_series(
     backend: str = "cpu",
     out=print,
     engine_cls=pair.Engine,
+    spec: dict | None = None,
 ) -> dict:
     """Measure B against A (series directories) paired in time; returns the result as one JSON-able dict."""
+    created = next((p for p in reversed([out_dir, *out_dir.parents]) if not p.exists()), None)
     out_dir.mkdir(parents=True, exist_ok=True)
     sides = {}
     for s in pair.SIDES:
         try:
             ov = patches.overlay.build(dirs[s], env, out_dir / f"overlay-{s}")
         except UsageError as err:
+            if created is not None:  # refused before anything ran: leave no directory behind
+                shutil.rmtree(created, ignore_errors=True)
             raise UsageError(f"side {s} ({dirs[s]}): {err}") from None
         sides[s] = pair.Side(s, ov, out_dir / f"vllm-cache-{s}")
-    spec, embedded = engine_spec(shape)
+    spec, embedded = (dict(spec), False) if spec is not None else engine_spec(shape)
     base = dict(os.environ)
     if backend == "cpu":
         base.setdefault("VLLM_CPU_KVCACHE_SPACE", CPU_KV_GIB)
     base = environment.engine_env(backend, base, None)
-    tokens = spec["batch"] * spec["output_len"]
-    run_one = lambda i: pair.run_block(i, sides, spec, base, out_dir, embedded=embedded, rounds=rounds, python=python)  # noqa: E731
+    tokens = spec.get("batch", 1) * spec.get("output_len", 1)
+
+    def run_one(i: int) -> pair.Block:
+        return pair.run_block(
+            i, sides, spec, base, out_dir, embedded=embedded, rounds=rounds, python=python, engine_cls=engine_cls
+        )
+
     result = pair.measure(
-        run_one, budget_s=budget_s, level=pair.per_look_level(level), min_effect=min_effect, floor=floor, first_blocks=first_blocks, out=out
+        run_one,
+        budget_s=budget_s,
+        level=pair.per_look_level(level),
+        min_effect=min_effect,
+        floor=floor,
+        first_blocks=first_blocks,
+        out=out,
     )
     return summarize(result, dirs, shape, tokens, env, min_effect)
 
@@ -121,7 +137,9 @@ def against_parent(repo: Path, commit: str, env: patches.Env, out_dir: Path, **k
     try:
         parent = revisions.git(repo, "rev-parse", "--verify", "--quiet", f"{commit}^")
     except UsageError:
-        raise UsageError(f"{commit[:12]} has no parent in {repo}: the oldest commit has nothing to be compared with") from None
+        raise UsageError(
+            f"{commit[:12]} has no parent in {repo}: the oldest commit has nothing to be compared with"
+        ) from None
     with tempfile.TemporaryDirectory(prefix="b70bench-parent-") as tmp:
         dirs = {
             "A": revisions.export_patches(repo, parent, Path(tmp) / "A"),
@@ -159,9 +177,7 @@ def summarize(result: pair.Paired, dirs: dict, shape: str, tokens: int, env, min
     r, good = result.ratio, result.good
     model = decode_model.model_id()
     gate_key = gate.key(model, "cpu", dist_version("vllm", "vllm-cpu", "vllm_cpu"), "bfloat16", 1)
-    per_token = {
-        s: [b.figure(s) / tokens for b in good if b.figure(s) is not None] for s in pair.SIDES
-    }
+    per_token = {s: [b.figure(s) / tokens for b in good if b.figure(s) is not None] for s in pair.SIDES}
     return {
         "shape": shape,
         "figure": "s_per_output_token",
@@ -196,7 +212,8 @@ def format_result(res: dict, labels: dict) -> list[str]:
     ratio = f"{res['ratio']:.3f}" if res["ratio"] is not None else "-"
     lines = [
         f"{'shape':11} {'s/output token A':>17} {'B':>10}  {'B/A':>6} {'interval':17} verdict",
-        f"{res['shape']:11} {ms(res['median_a']):>17} {ms(res['median_b']):>10}  {ratio:>6} {interval:17} {res['text']}",
+        f"{res['shape']:11} {ms(res['median_a']):>17} {ms(res['median_b']):>10}  {ratio:>6} {interval:17} "
+        + res["text"],
         f"samples: {res['blocks']} blocks of fresh A+B engines, {res['calls_per_side']} paired calls a side, "
         f"{res['minutes']:.1f} min, {res['looks']} look(s) at {res['level']:.2%} each",
     ]

@@ -51,7 +51,9 @@ def _starts() -> int:
 
 
 def _paired(dev) -> bool:
-    return bool(os.environ.get("ASV_COMMIT")) and dev.backend == "cpu" and os.environ.get("B70BENCH_DECODE_PAIRED") != "0"
+    return (
+        bool(os.environ.get("ASV_COMMIT")) and dev.backend == "cpu" and os.environ.get("B70BENCH_DECODE_PAIRED") != "0"
+    )
 
 
 def _budget_s() -> float:

@@ -220,7 +220,9 @@ def run_block(
     try:
         # Started together: neither side always gets the quieter start, and the block costs one start's time.
         for s in SIDES:
-            engines[s] = engine_cls(s, spec, side_env(base_env, sides[s], embedded), out_dir / f"block{index:02d}-{s}.log", python)
+            engines[s] = engine_cls(
+                s, spec, side_env(base_env, sides[s], embedded), out_dir / f"block{index:02d}-{s}.log", python
+            )
         for s in SIDES:
             block.starts[s] = engines[s].ready()
             block.starts[s]["log_path"] = str(engines[s].log_path)
@@ -234,8 +236,13 @@ def run_block(
                 time.sleep(gap_s)
                 got = engines[s].call()
                 block.calls.append(
-                    {"side": s, "round": r, "probe_s": got["probe_s"], "latency_s": got["latency_s"],
-                     "t_s": round(time.monotonic() - tb, 4)}
+                    {
+                        "side": s,
+                        "round": r,
+                        "probe_s": got["probe_s"],
+                        "latency_s": got["latency_s"],
+                        "t_s": round(time.monotonic() - tb, 4),
+                    }
                 )
     except EngineError as err:
         block.error = str(err)

@@ -21,6 +21,7 @@ One module per reason to change: series (the file format), versions (constraints
 (RECORD), plan (the checks), lock, journal (apply/restore), status, cli (both command lines).
 """
 
+from b70bench.patches import overlay  # noqa: E402  (after journal and plan, which it uses)
 from b70bench.patches.installed import (
     ALIASES,
     STATE_NAME,
@@ -37,8 +38,6 @@ from b70bench.patches.plan import Change, Resolved, plan, resolve
 from b70bench.patches.series import DEFAULT_DIR, Patch, PatchSet, Target, load
 from b70bench.patches.status import status
 from b70bench.patches.versions import version_matches
-
-from b70bench.patches import overlay  # noqa: E402  (after journal and plan, which it uses)
 
 __all__ = [
     "ALIASES",

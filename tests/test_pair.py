@@ -1,0 +1,176 @@
+"""decode.pair: engines alive together, calls paired in time, blocks until decided.
+
+Two halves. The protocol with real processes (tests/fake_live.py speaks live.py's protocol without
+vLLM, importing fakevllm through a patches.overlay): calls alternate, each side runs its own series,
+a failed start or a killed engine ends the block with one line and leaves no process behind.
+The detector with a simulated drifting host (SimEngine, deterministic): a host that flips between
+two speeds 1.6x apart every few calls, a CPU hog that slows everything by half for a stretch
+mid-run, a per-process offset of ~1.5% (fresh starts of identical code differ by that much) and 8%
+noise per call. Asserted: no A/A pair named over 40 seeds; an 8% slowdown named slower in every
+one of 20 seeds and a 5% one in at least 18; with the budget for two blocks, 5% comes out undecided.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import fakedist  # noqa: E402
+
+from b70bench import patches, stats  # noqa: E402
+from b70bench.decode import pair, runner  # noqa: E402
+
+TESTS = Path(__file__).resolve().parent
+REL = "fakevllm/models/minimax_m2.py"
+TARGET = "dist:fakevllm==0.32.0"
+
+
+class FakeLive(pair.Engine):
+    module = "fake_live"
+
+
+@pytest.fixture
+def sides(tmp_path):
+    """A fake installed vLLM and two overlays: A unpatched, B with 'q + k' -> 'k + q' (10% slower)."""
+    wheel_dir = tmp_path / "wheel"
+    wheel_dir.mkdir()
+    site = fakedist.install(fakedist.build_wheel(wheel_dir), tmp_path / "site")
+    env = patches.Env(tmp_path / "prefix", (str(site),))
+    sa, sb = tmp_path / "sa", tmp_path / "sb"
+    sa.mkdir()
+    (sa / "series").write_text("")
+    fakedist.write_patch(sb, "01-swap.patch", TARGET, fakedist.MODEL, fakedist.MODEL.replace("q + k", "k + q"), REL)
+    out = {
+        s: pair.Side(s, patches.overlay.build(d, env, tmp_path / f"ov-{s}"), tmp_path / f"cache-{s}")
+        for s, d in (("A", sa), ("B", sb))
+    }
+    base = dict(os.environ, PYTHONPATH=os.pathsep.join([str(TESTS), str(site)]))
+    return out, base, site
+
+
+def _block(sides, tmp_path, spec=None, rounds=6):
+    out, base, _site = sides
+    return pair.run_block(
+        0, out, spec or {}, base, tmp_path / "logs", rounds=rounds, warmup_calls=1, gap_s=0.0, engine_cls=FakeLive
+    )
+
+
+def test_calls_alternate_and_each_side_runs_its_own_series(sides, tmp_path):
+    b = _block(sides, tmp_path)
+    assert b.error is None, b.error
+    assert [c["side"] for c in b.calls] == list("ABBAABBAABBA")
+    assert b.ratio() == pytest.approx(1.1, rel=0.03)
+    # B imported its overlay's patched file; A's series is empty, so its overlay holds nothing: the installed file.
+    assert "/ov-B/" in b.starts["B"]["module_file"] and str(sides[2]) in b.starts["A"]["module_file"]
+    assert fakedist.model_path(sides[2]).read_text() == fakedist.MODEL  # the installed file never changed
+
+
+def test_a_side_that_fails_to_start_ends_the_block_with_its_reason(sides, tmp_path):
+    b = _block(sides, tmp_path, {"fail_start": "bad engine arg max_model_len=-1"})
+    assert b.error and "side A" in b.error and "bad engine arg" in b.error
+    assert not b.calls
+
+
+def test_an_engine_killed_mid_block_ends_it_and_nothing_is_left(sides, tmp_path):
+    b = _block(sides, tmp_path, {"die_at_call": 3, "grandchild": True})
+    assert b.error and "exited" in b.error, b.error
+    pids = [b.starts[s]["pid"] for s in "AB" if s in b.starts]
+    assert pids and not any(runner.group_members(p) for p in pids)  # engines and their `sleep` children
+
+
+def test_an_engine_whose_grandchild_outlives_it_is_reaped(sides, tmp_path):
+    b = _block(sides, tmp_path, {"grandchild": True})
+    assert b.error is None
+    assert not any(runner.group_members(b.starts[s]["pid"]) for s in "AB")
+
+
+# ---- the detector on a simulated drifting host -------------------------------------------------
+
+
+class Host:
+    """Two speeds 1.6x apart, flipping every few calls; a hog that slows everything 1.5x for a stretch."""
+
+    def __init__(self, rng: random.Random, hog_from: int = 10**9, hog_to: int = 0):
+        self.rng, self.calls, self.slow = rng, 0, False
+        self.hog_from, self.hog_to = hog_from, hog_to
+
+    def factor(self) -> float:
+        self.calls += 1
+        if self.rng.random() < 0.15:
+            self.slow = not self.slow
+        hog = 1.5 if self.hog_from <= self.calls < self.hog_to else 1.0
+        return (1.6 if self.slow else 1.0) * hog
+
+
+def sim_engine(host: Host, effect: float):
+    class SimEngine:
+        def __init__(self, side, spec, env, log_path, python=None):
+            self.side, self.log_path = side, log_path
+            self.offset = host.rng.lognormvariate(0.0, 0.015)  # this process's own speed, for its life
+
+        def ready(self):
+            return {"ready": True, "token_sha256": "ab" * 32, "pid": 0}
+
+        def call(self):
+            f = host.factor()
+            lat = 0.1 * f * self.offset * (1 + effect if self.side == "B" else 1.0) * host.rng.lognormvariate(0, 0.08)
+            return {"probe_s": 0.012 * f * host.rng.lognormvariate(0, 0.03), "latency_s": lat, "tokens": 128}
+
+        def close(self):
+            return []
+
+    return SimEngine
+
+
+def simulate(seed: int, effect: float, budget_blocks: int = 16, hog: bool = True):
+    rng = random.Random(seed)
+    host = Host(rng, 200, 900) if hog else Host(rng)
+    engine = sim_engine(host, effect)
+    now = [0.0]
+
+    def run_one(i):
+        now[0] += 60.0  # each block "takes" a minute
+        dummy = {s: pair.Side(s, None, Path("/nonexistent")) for s in pair.SIDES}
+        return pair.run_block(
+            i, dummy, {}, {}, Path("/nonexistent"), rounds=40, warmup_calls=0, gap_s=0.0, engine_cls=engine
+        )
+
+    return pair.measure(
+        run_one,
+        budget_s=budget_blocks * 60.0 + 1,
+        level=pair.per_look_level(0.96),
+        min_effect=0.05,
+        floor=0.01,
+        out=lambda _l: None,
+        clock=lambda: now[0],
+    )
+
+
+def test_identical_sides_are_never_named_even_with_a_hog_mid_run():
+    got = [simulate(seed, 0.0) for seed in range(40)]
+    assert not any(r.decision and r.decision.named for r in got), [r.text() for r in got]
+    # Most of them must say so, not merely stay undecided: "no change beyond X%" with X under 5%.
+    assert sum(r.decision.word == stats.NO_CHANGE for r in got if r.decision) >= 36
+
+
+def test_an_8_percent_slowdown_is_named_in_every_seed_and_5_percent_in_most():
+    eight = [simulate(seed, 0.08) for seed in range(100, 120)]
+    assert all(r.decision.word == stats.SLOWER for r in eight), [r.text() for r in eight]
+    five = [simulate(seed, 0.05) for seed in range(200, 220)]
+    assert sum(r.decision.word == stats.SLOWER for r in five) >= 18, [r.text() for r in five]
+
+
+def test_more_blocks_only_while_undecided():
+    easy = simulate(7, 0.30)
+    assert easy.decision.word == stats.SLOWER and len(easy.blocks) == 4 and easy.looks == 1
+
+
+def test_two_blocks_cannot_decide_5_percent():
+    r = simulate(3, 0.05, budget_blocks=2)
+    assert r.decision is not None and r.decision.word == stats.UNDECIDED, r.text()
+    assert "budget" in r.text() and len(r.blocks) == 2
