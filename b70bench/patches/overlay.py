@@ -28,8 +28,14 @@ from b70bench.patches.series import load
 MANIFEST = "b70bench-overlay.txt"
 
 
+def installed_reader(env: Env):
+    """path -> installed bytes (for plan(read=...)): the journal's backup where the environment's series
+    changed the file, else the file."""
+    return _pristine_reader(env)[0]
+
+
 def _pristine_reader(env: Env):
-    """path -> installed bytes: the journal's backup for a file the environment's series changed."""
+    """(path -> installed bytes, the environment's journal): backups for files its series changed."""
     journal = read_journal(env) or {}
     backups = {e["path"]: e.get("backup") for e in journal.get("files", [])}
 
