@@ -37,7 +37,7 @@ DEFAULT_SHAPE = "p128n128"
 # The CPU default's KV cache per engine (GiB): two engines live at once, and a share of RAM would be
 # drawn from what the other engine left free, so it is fixed.
 CPU_KV_GIB = "1"
-# One block (two starts on a warm cache, 40 rounds) takes about a minute on the 2-core VM; a verdict
+# One block (two starts on a warm cache, 24 rounds) takes about a minute on the 2-core VM; a verdict
 # needs two blocks at least.
 MIN_BUDGET_MIN = 2.0
 
@@ -261,7 +261,9 @@ def run(args) -> int:
             f"{MIN_BUDGET_MIN:g} or more (default {DEFAULT_BUDGET_MIN:g})"
         )
     if args.rounds < 4:
-        raise UsageError(f"--rounds {args.rounds} is too few: a block's median needs 4 or more (default 40)")
+        raise UsageError(
+            f"--rounds {args.rounds} is too few: a block's median needs 4 or more (default {pair.DEFAULT_ROUNDS})"
+        )
     if not 0.5 <= args.level < 1:
         raise UsageError(f"--level {args.level} is outside [0.5, 1): pass e.g. 0.95")
     if not 0 < args.min_effect < 1:
@@ -324,7 +326,12 @@ def register(sub) -> None:
         metavar="MIN",
         help=f"machine minutes at most; blocks double while undecided (default {DEFAULT_BUDGET_MIN:g})",
     )
-    p.add_argument("--rounds", type=int, default=pair.DEFAULT_ROUNDS, help="paired rounds per block (default 40)")
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=pair.DEFAULT_ROUNDS,
+        help=f"paired rounds per block (default {pair.DEFAULT_ROUNDS})",
+    )
     p.add_argument("--level", type=float, default=DEFAULT_LEVEL, help="overall interval level (default 0.95)")
     p.add_argument(
         "--min-effect",
