@@ -12,6 +12,7 @@ side's gate (token hash of fixed prompts) and compile-cache keys, from the same 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import signal
@@ -117,9 +118,12 @@ def compare_series(
     tokens = spec.get("batch", 1) * spec.get("output_len", 1)
 
     def run_one(i: int) -> pair.Block:
-        return pair.run_block(
+        b = pair.run_block(
             i, sides, spec, base, out_dir, embedded=embedded, rounds=rounds, python=python, engine_cls=engine_cls
         )
+        # Every call with its host probe, for a reader to check (scripts/pair_analysis.py reads these).
+        records.atomic_write_text(out_dir / f"block{i:02d}.json", json.dumps(b.to_json()) + "\n")
+        return b
 
     result = pair.measure(
         run_one,

@@ -1,109 +1,131 @@
-"""What `b70bench compare` can resolve on this machine: slowdowns of known cost and no-op pairs, each run several times.
+"""What `b70bench compare` decides on this machine: no-op pairs and slowdowns of known cost, with or without a hog.
 
-Each pair is the shipped series (A) against the shipped series plus one patch (B): `work:R` adds R
-64x64 matrix products per decode step (b70bench.patches.synthetic.with_work; the measured ratio
-calibrates it), `noop` a comment in a file vLLM never imports for this model. Every compare is a real
-`run_compare` on this interpreter's environment. Prints one row per pair: the measured ratio of each
-run, how often it was called slower, how often slower or faster, how often undecided (the interval still holds
-a change of --min-effect; the rest ruled it out: "no change beyond X%").
+Each pair is the shipped series (A) against the shipped series plus one patch (B): `graph:R` adds R 64x64
+matrix products per decoder layer and step inside the compiled graph (synthetic.with_graph_work),
+`logits:R` R products per step in compute_logits (outside the graph), `noop` a comment in a file vLLM
+never imports for this model, `same` the identical series. `--hog` starts a CPU hog on one core
+HOG_AFTER_S into every compare and stops it by PID HOG_FOR_S later: drift injected mid-measurement.
+Every compare is a real `compare.compare_series` on this interpreter's environment (nothing is applied
+to it). Prints one row per compare: verdict, ratio and interval, blocks, calls, minutes, whether the hog ran.
 
-    python scripts/decode_mde.py --pairs noop work:3 work:5 work:8 --repeats 2 --json mde.json
+    python scripts/decode_mde.py --pairs same noop graph:1 graph:2 --repeats 2 --budget 10 --hog --json mde.json
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
+import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from b70bench import compare, decode, revisions, stats  # noqa: E402
+from b70bench import compare, patches, stats  # noqa: E402
 from b70bench.patches import synthetic  # noqa: E402
+
+HOG_AFTER_S, HOG_FOR_S = 60.0, 120.0
 
 
 def series_for(pair: str, tmp: Path, text: str) -> Path:
+    if pair == "same":
+        return synthetic.write_series(tmp / pair, {})
     if pair == "noop":
         return synthetic.write_series(tmp / pair, {"noop.patch": synthetic.noop_patch()})
     kind, _, reps = pair.partition(":")
-    if kind != "work" or not reps.isdigit():
-        raise SystemExit(f"bad pair {pair!r}: write noop or work:REPS")
-    return synthetic.write_series(
-        tmp / pair.replace(":", "-"),
-        {
-            "work.patch": synthetic.diff(
-                text, synthetic.with_work(text, int(reps)), f"{reps} matrix products per decode step"
-            )
-        },
-    )
+    edit = {"graph": synthetic.with_graph_work, "logits": synthetic.with_work}.get(kind)
+    if edit is None or not reps.isdigit():
+        raise SystemExit(f"bad pair {pair!r}: write same, noop, graph:REPS or logits:REPS")
+    patch = synthetic.diff(text, edit(text, int(reps)), f"{pair}: deliberate work")
+    return synthetic.write_series(tmp / pair.replace(":", "-"), {"work.patch": patch})
+
+
+class Hog:
+    """One core kept busy from HOG_AFTER_S to HOG_AFTER_S + HOG_FOR_S, stopped by PID."""
+
+    def __init__(self):
+        self.proc, self.done, self.ran = None, threading.Event(), False
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        if self.done.wait(HOG_AFTER_S):
+            return
+        self.proc = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        self.ran = True
+        self.done.wait(HOG_FOR_S)
+        self.stop()
+
+    def stop(self):
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.done.set()
+        self.thread.join(timeout=5)
+        self.stop()
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--pairs", nargs="+", default=["noop", "work:3", "work:5", "work:8"])
-    p.add_argument("--repeats", type=int, default=2, help="compares per pair")
-    p.add_argument("--starts", type=int, default=decode.DEFAULT_STARTS, help="counted starts per side")
+    p.add_argument("--pairs", nargs="+", default=["same", "noop", "graph:1", "graph:2"])
+    p.add_argument("--repeats", type=int, default=1, help="compares per pair")
+    p.add_argument("--budget", type=float, default=compare.DEFAULT_BUDGET_MIN, help="minutes per compare")
     p.add_argument("--level", type=float, default=compare.DEFAULT_LEVEL)
-    p.add_argument("--min-effect", type=float, default=compare.DEFAULT_MIN_EFFECT)
-    p.add_argument("--floor", type=float, default=compare.DEFAULT_FLOOR)
-    p.add_argument("--json", default=None, help="every compare's row and start figures")
+    p.add_argument("--min-effect", type=float, default=stats.DEFAULT_MIN_EFFECT)
+    p.add_argument("--hog", action="store_true", help="inject a CPU hog mid-run in every compare")
+    p.add_argument("--out-dir", default=None, help="keep each compare's blocks here (default: a temp dir)")
+    p.add_argument("--json", default=None, help="every compare's result")
     args = p.parse_args()
     text = synthetic.shipped_model_text()
-    walker = revisions.Walker(sys.executable)
-    runs = []
+    env = patches.Env()
+    results = []
+    print("| pair | hog | verdict | B/A [interval] | blocks | calls a side | minutes |")
+    print("|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory(prefix="b70bench-mde-") as tmp:
+        root = Path(args.out_dir) if args.out_dir else Path(tmp)
         base = synthetic.write_series(Path(tmp) / "base", {})
         dirs = {pair: series_for(pair, Path(tmp), text) for pair in args.pairs}
-        # Round-robin over pairs, so drift over the hours this takes falls on every pair alike.
         for rep in range(args.repeats):
             for pair in args.pairs:
-                t0 = time.monotonic()
-                recs = compare.run_compare(
-                    walker,
-                    {"A": base, "B": dirs[pair]},
-                    ["p128n128"],
-                    args.starts,
-                    decode.DEFAULT_ITERATIONS,
-                    Path(tmp) / f"{pair}-{rep}",
-                    out=lambda _l: None,
-                )
-                row = next(
-                    r
-                    for r in compare.analyse(recs, args.level, args.min_effect, args.floor)
-                    if r["figure"] == "s_per_output_token"
-                )
-                row.update(
-                    pair=pair,
-                    repeat=rep,
-                    wall_s=round(time.monotonic() - t0),
-                    a=decode.per_start(recs["A"]),
-                    b=decode.per_start(recs["B"]),
-                )
-                runs.append(row)
+                out_dir = root / f"{pair.replace(':', '-')}-{rep}-{time.strftime('%H%M%S')}"
+                with Hog() if args.hog else _Nothing() as hog:
+                    res = compare.compare_series(
+                        {"A": base, "B": dirs[pair]},
+                        env,
+                        out_dir,
+                        budget_s=args.budget * 60,
+                        level=args.level,
+                        min_effect=args.min_effect,
+                        out=lambda _line: None,
+                    )
+                res.update(pair=pair, hog=bool(getattr(hog, "ran", False)), out_dir=str(out_dir))
+                res.pop("block_records", None)
+                results.append(res)
+                interval = f"{res['ratio']:.3f} [{res['lo']:.3f}, {res['hi']:.3f}]" if res["ratio"] else "-"
                 print(
-                    f"{pair:8} run {rep}: B/A {row['ratio']:.3f} [{row['lo']:.3f}, {row['hi']:.3f}] "
-                    f"{row['text']} ({row['wall_s']} s)",
+                    f"| {pair} | {'yes' if res['hog'] else 'no'} | {res['text']} | {interval} | {res['blocks']} | "
+                    f"{res['calls_per_side']} | {res['minutes']:.1f} |",
                     flush=True,
                 )
                 if args.json:
-                    Path(args.json).write_text(json.dumps(runs, indent=2))
-    print("\n| pair | runs | B/A per run | called slower | called slower or faster | undecided |")
-    print("|---|---|---|---|---|---|")
-    for pair in dict.fromkeys(args.pairs):
-        mine = [r for r in runs if r["pair"] == pair]
-        ratios = ", ".join(f"{r['ratio']:.3f}" for r in mine)
-        slower = sum(r["verdict"] == stats.SLOWER for r in mine)
-        named = sum(r["verdict"] in (stats.SLOWER, stats.FASTER) for r in mine)
-        undecided = sum(r["verdict"] == stats.UNDECIDED for r in mine)
-        print(
-            f"| {pair} | {len(mine)} | {ratios} (median {statistics.median(r['ratio'] for r in mine):.3f}) | "
-            f"{slower}/{len(mine)} | {named}/{len(mine)} | {undecided}/{len(mine)} |"
-        )
+                    Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
     return 0
+
+
+class _Nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return None
 
 
 if __name__ == "__main__":
