@@ -297,11 +297,15 @@ def run(args) -> int:
                 budget_s=args.budget * 60,
                 level=args.level,
                 min_effect=args.min_effect,
+                floor=args.floor,
                 rounds=args.rounds,
                 python=python,
                 out=lambda line: print(line, flush=True),
             )
     res["labels"] = labels
+    if res["blocks"] == 0 and res["blocks_failed"]:
+        # Nothing was measured because an engine would not run: that is the series or the settings, not the host.
+        raise UsageError(f"no block completed ({res['reason']}): fix that side's series or engine settings")
     if args.json:
         records.emit_json(args.json, res)
     print()
@@ -342,6 +346,12 @@ def register(sub) -> None:
         type=float,
         default=stats.DEFAULT_MIN_EFFECT,
         help="the change you would act on: undecided while the interval holds it (default 0.05)",
+    )
+    p.add_argument(
+        "--floor",
+        type=float,
+        default=stats.DEFAULT_FLOOR,
+        help=f"smallest change named slower/faster even when the interval excludes 1 (default {stats.DEFAULT_FLOOR})",
     )
     p.add_argument(
         "--repo", default=str(revisions.ROOT), help="repository whose commits carry patches/ (default: this checkout)"

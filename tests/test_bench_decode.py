@@ -90,3 +90,44 @@ def test_asv_adapter_cache_key_figures_come_from_the_decode_run(tmp_path):
         {**run, "cache_keys": [key_b], "cache_dir": str(tmp_path)}, pins_path=pins, machine="m"
     )
     assert bare["aot_key"] == key_b and b.track_aot_key_differs_from_pin({"s": {"cache_key": bare}}, "s") == 1
+
+
+def test_walking_pairs_each_commit_with_its_parent_on_the_cpu(monkeypatch):
+    from types import SimpleNamespace
+
+    from benchmarks import bench_decode
+
+    cpu, cuda = SimpleNamespace(backend="cpu"), SimpleNamespace(backend="cuda")
+    monkeypatch.delenv("B70BENCH_DECODE_PAIRED", raising=False)
+    monkeypatch.delenv("ASV_COMMIT", raising=False)
+    assert not bench_decode._paired(cpu)  # `make bench`-like: no commit being walked
+    monkeypatch.setenv("ASV_COMMIT", "ab" * 20)
+    assert bench_decode._paired(cpu) and not bench_decode._paired(cuda)
+    monkeypatch.setenv("B70BENCH_DECODE_PAIRED", "0")
+    assert not bench_decode._paired(cpu)
+
+
+def test_the_walks_budget_comes_from_the_environment(monkeypatch):
+    from b70bench import compare
+    from benchmarks import bench_decode
+
+    monkeypatch.delenv("B70BENCH_DECODE_BUDGET_MIN", raising=False)
+    assert bench_decode._budget_s() == compare.DEFAULT_BUDGET_MIN * 60
+    monkeypatch.setenv("B70BENCH_DECODE_BUDGET_MIN", "4.5")
+    assert bench_decode._budget_s() == 270
+    for bad in ("1", "soon"):
+        monkeypatch.setenv("B70BENCH_DECODE_BUDGET_MIN", bad)
+        with pytest.raises(NotImplementedError, match="B70BENCH_DECODE_BUDGET_MIN"):
+            bench_decode._budget_s()
+
+
+def test_paired_figures_are_one_sample_per_block():
+    import math
+
+    from benchmarks import bench_decode
+
+    cache = {"s": {"ratio_to_parent": [1.01, 0.99, 1.02], "minutes": 3.5, "calls": 72}}
+    b = bench_decode.Decode()
+    assert b.track_ratio_to_parent(cache, "s") == {"samples": [1.01, 0.99, 1.02], "number": 1}
+    assert b.track_minutes(cache, "s") == 3.5 and b.track_calls(cache, "s") == 72
+    assert math.isnan(b.track_ratio_to_parent({"s": {"ratio_to_parent": []}}, "s"))  # gate failed: withheld
