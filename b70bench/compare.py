@@ -35,10 +35,17 @@ DEFAULT_LEVEL = 0.95
 WALK_LEVEL = 0.96
 DEFAULT_BUDGET_MIN = 10.0
 DEFAULT_SHAPE = "p128n128"
+
+
+# Where the paired engines' compile caches persist across compares and walked commits, per side.
+def paired_cache_dir() -> Path:
+    return decode_model.cache_root() / "paired-vllm-cache"
+
+
 # The CPU default's KV cache per engine (GiB): two engines live at once, and a share of RAM would be
 # drawn from what the other engine left free, so it is fixed.
 CPU_KV_GIB = "1"
-# One block (two starts on a warm cache, 24 rounds) takes about a minute on the 2-core VM; a verdict
+# One block (two starts on a warm cache, 32 rounds) takes about a minute on the 2-core VM; a verdict
 # needs two blocks at least.
 MIN_BUDGET_MIN = 2.0
 
@@ -97,8 +104,13 @@ def compare_series(
     out=print,
     engine_cls=pair.Engine,
     spec: dict | None = None,
+    cache_dir: Path | None = None,
 ) -> dict:
-    """Measure B against A (series directories) paired in time; returns the result as one JSON-able dict."""
+    """Measure B against A (series directories) paired in time; returns the result as one JSON-able dict.
+
+    cache_dir: where each side's vLLM compile cache lives (default: out_dir). A persistent one makes every start
+    after the first of a graph warm: vLLM on the CPU recompiles at each start, but inductor's generated C++ is
+    cached under the compile-cache key, and most commits leave the graph unchanged."""
     created = next((p for p in reversed([out_dir, *out_dir.parents]) if not p.exists()), None)
     out_dir.mkdir(parents=True, exist_ok=True)
     sides = {}
@@ -109,7 +121,7 @@ def compare_series(
             if created is not None:  # refused before anything ran: leave no directory behind
                 shutil.rmtree(created, ignore_errors=True)
             raise UsageError(f"side {s} ({dirs[s]}): {err}") from None
-        sides[s] = pair.Side(s, ov, out_dir / f"vllm-cache-{s}")
+        sides[s] = pair.Side(s, ov, (cache_dir or out_dir) / f"vllm-cache-{s}")
     spec, embedded = (dict(spec), False) if spec is not None else engine_spec(shape)
     base = dict(os.environ)
     if backend == "cpu":
@@ -300,6 +312,7 @@ def run(args) -> int:
                 floor=args.floor,
                 rounds=args.rounds,
                 python=python,
+                cache_dir=paired_cache_dir(),
                 out=lambda line: print(line, flush=True),
             )
     res["labels"] = labels

@@ -77,7 +77,14 @@ def _paired_summary(shape: str, dev) -> dict:
     repo = Path(os.environ.get("ASV_CONF_DIR") or ".")
     out_dir = decode_model.cache_root() / "asv-paired" / commit[:12] / shape
     res = compare.against_parent(
-        repo, commit, patches.Env(), out_dir, shape=shape, budget_s=_budget_s(), level=compare.WALK_LEVEL
+        repo,
+        commit,
+        patches.Env(),
+        out_dir,
+        shape=shape,
+        budget_s=_budget_s(),
+        level=compare.WALK_LEVEL,
+        cache_dir=compare.paired_cache_dir(),
     )
     b = res["sides"]["B"]
     per_block = res["block_s_per_output_token"]["B"]

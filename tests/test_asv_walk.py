@@ -63,9 +63,9 @@ AR_FIGURE = "bench_allreduce.Allreduce.track_time"
 RUNNER_REPS = 8
 # In-graph products per decoder layer and step for the slowdown commit (docs/patch-sets-and-asv.md: what
 # each count cost).
-GRAPH_REPS = 4
+GRAPH_REPS = 2
 # Minutes of paired measurement per commit at most; most verdicts are decided earlier.
-WALK_BUDGET_MIN = 5
+WALK_BUDGET_MIN = 6
 # When the hog starts and stops, seconds into the measurement of the commits named in hog_schedule.
 HOG_DELAY_S = 45
 
