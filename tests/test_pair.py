@@ -136,9 +136,11 @@ def simulate(seed: int, effect: float, budget_blocks: int = 16, hog: bool = True
     def run_one(i):
         now[0] += 60.0  # each block "takes" a minute
         dummy = {s: pair.Side(s, None, Path("/nonexistent")) for s in pair.SIDES}
-        return pair.run_block(
+        b = pair.run_block(
             i, dummy, {}, {}, Path("/nonexistent"), rounds=40, warmup_calls=0, gap_s=0.0, engine_cls=engine
         )
+        b.wall_s = 60.0
+        return b
 
     return pair.measure(
         run_one,

@@ -340,7 +340,8 @@ def measure(
                 reason = f"every block failed; the last: {b.error}"
                 return Paired(blocks, None, None, per_look, looks, clock() - t0, reason)
             spent = clock() - t0
-            per_block = spent / len(blocks)
+            # The next block costs about what the last one did (the first is slower: its compile caches are cold).
+            per_block = b.wall_s
             if spent + per_block > budget_s and len(blocks) < target:
                 reason = f"the budget ({budget_s / 60:.1f} min) ran out after {len(blocks)} blocks"
                 break
@@ -351,7 +352,7 @@ def measure(
             reason = None
             break
         spent = clock() - t0
-        per_block = spent / max(len(blocks), 1)
+        per_block = blocks[-1].wall_s if blocks else 0.0
         room = int((budget_s - spent) // per_block) if per_block > 0 else 0
         if reason or looks >= max_looks or room < 1:
             reason = reason or (
