@@ -19,9 +19,9 @@ Decode is walked the documented way: each commit against its parent, both engine
 calls alternating (compare.against_parent, in the asv adapter), blocks until decided or the per-commit
 budget (WALK_BUDGET_MIN) is spent. The broken commit fails at install; cache-key is then measured
 against noop (its nearest ancestor that installs). comm-clone gets no decode run (nothing for decode to
-see at TP 1; the slowdown commit is paired against it directly). Halfway, a CPU hog takes one of the
-two cores: started 45 s into cache-key's measurement and stopped by PID 45 s into slowdown's, so two
-verdicts run with the host changing under them.
+see at TP 1; the slowdown commit is paired against it directly). Halfway, a CPU hog (a busy loop at
+nice 10) runs beside the engines: started 45 s into cache-key's measurement and stopped by PID 45 s into
+slowdown's, so two verdicts run with the host changing under them.
 
 Asserted on the published site (b70bench.asv_plugin's verdicts for the decode speed figures, asv's
 step fit for the rest): slowdown and moe-kernel named slower on seconds per output token; noop and

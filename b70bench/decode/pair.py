@@ -30,13 +30,11 @@ from pathlib import Path
 from b70bench.decode import environment, runner
 
 SIDES = "AB"
-DEFAULT_ROUNDS = 32
+DEFAULT_ROUNDS = 48
 DEFAULT_WARMUP_CALLS = 3
-# Pause before each timed call. After a call the engine's OpenMP threads spin for KMP_BLOCKTIME, 200 ms by
-# default (vLLM's CPU worker sets 5 only around its own set-up, after the runtime has read the default):
-# an engine burned ~0.2 s of CPU after each call here. Without the pause the next call shares the cores
-# with that spin for most of its length, which made calls 2-3x slower and paired ratios several times noisier.
-DEFAULT_GAP_S = 0.25
+# Pause before each timed call, for the other engine's OpenMP threads to stop spinning (KMP_BLOCKTIME; the
+# engines get 5 ms, compare.CPU_ENGINE_ENV).
+DEFAULT_GAP_S = 0.02
 # A start is tens of seconds on the CPU default (import, compile, gate, warm-up); a call well under one.
 START_TIMEOUT_S = 600.0
 CALL_TIMEOUT_S = 120.0
