@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from b70bench import cli, records
+from b70bench import cli, pytorch_json, records
 from b70bench import device as devmod
 from b70bench.decode import canary, gate, suite
 from b70bench.decode import hooks as hooksmod
@@ -134,6 +134,8 @@ def run(args) -> int:
         _loud(rec)
     if args.json:
         records.write_json(args.json, recs, fingerprint=fingerprint(dev), warm_summary=summary)
+    if args.pytorch_json:
+        pytorch_json.write(args.pytorch_json, pytorch_json.from_decode(recs))
     if args.accept_gate:
         return accept([r for r in recs if r["ok"]], args.gate_file)
     return 1 if any(not r["ok"] or r.get("gate") == gate.FAIL for r in recs) else 0
@@ -204,4 +206,10 @@ def register(sub) -> None:
         help="after reviewing the output, pin this run's token hash for its model/backend/vLLM",
     )
     cli.add_json_arg(p)
+    p.add_argument(
+        "--pytorch-json",
+        metavar="FILE",
+        default=None,
+        help="also write vLLM's benchmark-database records (as `vllm bench` with SAVE_TO_PYTORCH_BENCHMARK_FORMAT)",
+    )
     p.set_defaults(func=run)
