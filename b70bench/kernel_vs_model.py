@@ -29,6 +29,9 @@ KERNEL_RE = r"^bench_(moe_down|allreduce)\.\w+\.track_(time|latency)\b"
 # int4 op in moe-down, torch.distributed and NCCL itself in allreduce.
 EXCLUDE_RE = r"\('(reference|torch-int4|c10d|raw)'"
 MODEL_RE = r"\.track_s_per_output_token$"
+# Where the walk measured decode paired with each commit's parent, the same figure's verdict comes from these
+# ratios (the website's verdict), not from comparing two commits' samples taken minutes apart.
+PAIRED_FIGURE = ("track_s_per_output_token", "track_ratio_to_parent")
 # An isolated suite varies more between processes than decode's per-start samples say about decode
 # (vLLM's shared-memory allreduce on a 2-core CPU: +-15% from run to run), so a kernel counts as
 # faster only when its time fell by this much (ratio <= 1 / (1 + effect)).
@@ -113,6 +116,20 @@ def _change(value: float, samples, prev: tuple | None, tolerance: float, level: 
     return out
 
 
+def _paired_change(value: float, ratios: list[float], tolerance: float, level: float) -> dict:
+    """A decode figure's change read from its paired B/A ratios to the parent (stats.paired_interval)."""
+    r = stats.paired_interval(ratios, level)
+    d = r.decide(max(tolerance, stats.DEFAULT_MIN_EFFECT), tolerance)
+    return {
+        "value": value,
+        "ratio": r.ratio,
+        "interval": [r.lo, r.hi],
+        "verdict": d.word,
+        "text": d.text,
+        "paired": True,
+    }
+
+
 def compare(
     results: dict[str, dict],
     kernel_re: str = KERNEL_RE,
@@ -148,7 +165,11 @@ def compare(
             else:
                 continue
             earlier = last.get(name, [])
-            change = _change(value, samples.get(name), earlier[-1] if earlier else None, effect, level)
+            paired = samples.get(name.replace(*PAIRED_FIGURE)) if group == "model" else None
+            if paired and len(paired) >= 2:
+                change = _paired_change(value, paired, effect, level)
+            else:
+                change = _change(value, samples.get(name), earlier[-1] if earlier else None, effect, level)
             if group == "kernels" and change["verdict"] == stats.FASTER:
                 for prev in earlier[-kernel_window:-1]:
                     if _change(value, samples.get(name), prev, effect, level)["verdict"] != stats.FASTER:

@@ -220,3 +220,31 @@ def test_a_kernel_back_from_one_slow_reading_is_not_a_win(tmp_path):
         cwd=ROOT,
     )
     assert bad.returncode == 2 and "--kernel-window 0" in bad.stderr
+
+
+def test_decode_measured_against_the_parent_decides_from_its_paired_ratios():
+    """As in the walk: 4 blocks a commit. Four unpaired samples a side cannot show any change at 99% (the rank
+    test's smallest p is 0.029), but the commit's own ratios to its parent can; a paired no-op is not slower."""
+    dec = "bench_decode.Decode.track_s_per_output_token('p128n128b1')"
+    ratio = "bench_decode.Decode.track_ratio_to_parent('p128n128b1')"
+    moe = "bench_moe_down.MoeDown.track_time('vllm', 1)"
+    flat = [1.0e-3, 1.02e-3, 0.98e-3, 1.01e-3]
+    results = {
+        "a": {"date": 1, "figures": {dec: 1e-3, moe: 3e-3}, "samples": {dec: flat, moe: [3e-3] * 5}},
+        "b": {  # a no-op for decode, paired
+            "date": 2,
+            "figures": {dec: 1e-3, moe: 3e-3},
+            "samples": {dec: flat, ratio: [1.01, 0.99, 1.0, 1.02], moe: [3e-3] * 5},
+        },
+        "c": {  # the htile case: kernel 3x faster, decode 25% slower than its parent in every block
+            "date": 3,
+            "figures": {dec: 1.25e-3, moe: 1e-3},
+            "samples": {dec: [x * 1.25 for x in flat], ratio: [1.22, 1.27, 1.25, 1.24], moe: [1e-3] * 5},
+        },
+    }
+    rows = kvm.compare(results)
+    assert [r["flag"] for r in rows] == [False, False, True], rows
+    assert rows[1]["model"][dec]["verdict"] != stats.SLOWER and rows[2]["model"][dec]["paired"]
+    assert rows[2]["model"][dec]["interval"][0] > 1.15
+    no_pairs = {c: {**v, "samples": {k: s for k, s in v["samples"].items() if k != ratio}} for c, v in results.items()}
+    assert not kvm.compare(no_pairs)[2]["flag"]  # without the ratios, four samples a side decide nothing
