@@ -268,6 +268,10 @@ def format_result(res: dict, labels: dict) -> list[str]:
     return lines
 
 
+def _interrupt(signum, _frame) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def run(args) -> int:
     python = args.python or sys.executable
     prefix = Path(args.prefix) if args.prefix else revisions.env_prefix(python)
@@ -293,7 +297,7 @@ def run(args) -> int:
         Path(args.out_dir) if args.out_dir else decode_model.cache_root() / "compare" / time.strftime("%Y%m%dT%H%M%S")
     )
     # SIGTERM (a CI timeout, `kill`) unwinds like Ctrl-C, so every engine is stopped and reaped on the way out.
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt("SIGTERM")))
+    signal.signal(signal.SIGTERM, _interrupt)
     with tempfile.TemporaryDirectory(prefix="b70bench-compare-") as tmp:
         dirs, labels = {}, {}
         for side, spec in zip(pair.SIDES, (args.a, args.b), strict=True):
