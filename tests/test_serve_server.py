@@ -36,7 +36,7 @@ def test_a_level_through_a_real_http_server_and_nothing_left_after(tmp_path):
     assert status == 200 and "num_preemptions_total" in text
     lv = metrics.level(recs, {"ttft_ms": 1000, "tpot_ms": 1000})
     assert lv["completed"] == 8 and lv["failed"] == 0
-    assert 0.008 < lv["tpot_s_median"] < 0.05  # the stand-in's 10 ms a token, plus scheduling
+    assert 0.009 < lv["tpot_s_median"] < 0.5  # at least the stand-in's 10 ms a token (a slow host only adds)
     assert lv["goodput_request_per_s"] == pytest.approx(lv["request_per_s"])
     assert not runner.group_members(srv.proc.pid)
 
