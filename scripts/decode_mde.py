@@ -14,6 +14,7 @@ to it). Prints one row per compare: verdict, ratio and interval, blocks, calls, 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import subprocess
 import sys
@@ -100,7 +101,7 @@ def main() -> int:
         for rep in range(args.repeats):
             for pair in args.pairs:
                 out_dir = root / f"{pair.replace(':', '-')}-{rep}-{time.strftime('%H%M%S')}"
-                with Hog() if args.hog else _Nothing() as hog:
+                with Hog() if args.hog else contextlib.nullcontext() as hog:
                     res = compare.compare_series(
                         {"A": base, "B": dirs[pair]},
                         env,
@@ -123,14 +124,6 @@ def main() -> int:
                 if args.json:
                     Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
     return 0
-
-
-class _Nothing:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return None
 
 
 if __name__ == "__main__":

@@ -137,6 +137,15 @@ def cache_state(events: list[dict]) -> str | None:
     return None
 
 
+def failure_reason_in(path) -> str | None:
+    """failure_reason of the log file at path; None when it cannot be read."""
+    try:
+        with open(path, errors="replace") as f:
+            return failure_reason(f.read())
+    except OSError:
+        return None
+
+
 def failure_reason(text: str, limit: int = 400) -> str | None:
     """vLLM's reason for a failed run, in one line.
 

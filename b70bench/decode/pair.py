@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from b70bench.decode import environment, runner
+from b70bench.decode import environment, logs, runner
 
 SIDES = "AB"
 DEFAULT_ROUNDS = 48
@@ -98,12 +98,7 @@ class Engine:
         return msg
 
     def reason(self) -> str | None:
-        from b70bench.decode import logs
-
-        try:
-            return logs.failure_reason(self.log_path.read_text(errors="replace"))
-        except OSError:
-            return None
+        return logs.failure_reason_in(self.log_path)
 
     def ready(self, timeout_s: float = START_TIMEOUT_S) -> dict:
         msg = self._line(timeout_s)
@@ -296,7 +291,7 @@ def estimate(blocks: list[Block], level: float, normalise: bool = False):
     """stats.Ratio of B/A over blocks (one value per block), or None with fewer than two good blocks."""
     from b70bench import stats
 
-    values = [b.ratio(normalise) for b in blocks if b.error is None and b.ratio(normalise) is not None]
+    values = [r for b in blocks if b.error is None and (r := b.ratio(normalise)) is not None]
     return stats.paired_interval(values, level) if len(values) >= 2 else None
 
 

@@ -65,10 +65,7 @@ class Server:
         self.startup_s: float | None = None
 
     def reason(self) -> str | None:
-        try:
-            return logs.failure_reason(self.log_path.read_text(errors="replace"))
-        except OSError:
-            return None
+        return logs.failure_reason_in(self.log_path)
 
     def start(self, timeout_s: float = HEALTH_TIMEOUT_S) -> float:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
