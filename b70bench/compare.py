@@ -90,6 +90,23 @@ def engine_spec(shape: str, model: str | None = None) -> tuple[dict, bool]:
     return spec, embedded
 
 
+def build_sides(dirs: dict[str, Path], env: patches.Env, out_dir: Path, cache_dir: Path | None) -> dict:
+    """Each side's overlay (its own patched copy of vLLM) and compile cache; refused in one line if a series
+    does not apply, leaving no directory behind."""
+    created = next((p for p in reversed([out_dir, *out_dir.parents]) if not p.exists()), None)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    sides = {}
+    for s in pair.SIDES:
+        try:
+            ov = patches.overlay.build(dirs[s], env, out_dir / f"overlay-{s}")
+        except UsageError as err:
+            if created is not None:  # refused before anything ran: leave no directory behind
+                shutil.rmtree(created, ignore_errors=True)
+            raise UsageError(f"side {s} ({dirs[s]}): {err}") from None
+        sides[s] = pair.Side(s, ov, (cache_dir or out_dir) / f"vllm-cache-{s}")
+    return sides
+
+
 def compare_series(
     dirs: dict[str, Path],
     env: patches.Env,
@@ -114,17 +131,7 @@ def compare_series(
     cache_dir: where each side's vLLM compile cache lives (default: out_dir). A persistent one makes every start
     after the first of a graph warm: vLLM on the CPU recompiles at each start, but inductor's generated C++ is
     cached under the compile-cache key, and most commits leave the graph unchanged."""
-    created = next((p for p in reversed([out_dir, *out_dir.parents]) if not p.exists()), None)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    sides = {}
-    for s in pair.SIDES:
-        try:
-            ov = patches.overlay.build(dirs[s], env, out_dir / f"overlay-{s}")
-        except UsageError as err:
-            if created is not None:  # refused before anything ran: leave no directory behind
-                shutil.rmtree(created, ignore_errors=True)
-            raise UsageError(f"side {s} ({dirs[s]}): {err}") from None
-        sides[s] = pair.Side(s, ov, (cache_dir or out_dir) / f"vllm-cache-{s}")
+    sides = build_sides(dirs, env, out_dir, cache_dir)
     spec, embedded = (dict(spec), False) if spec is not None else engine_spec(shape)
     base = dict(os.environ)
     if backend == "cpu":
@@ -255,10 +262,11 @@ def format_result(res: dict, labels: dict) -> list[str]:
     interval = f"[{res['lo']:.3f}, {res['hi']:.3f}]" if res["lo"] is not None else "-"
     ratio = f"{res['ratio']:.3f}" if res["ratio"] is not None else "-"
     lines = [
-        f"{'shape':11} {'s/output token A':>17} {'B':>10}  {'B/A':>6} {'interval':17} verdict",
+        f"{'shape':11} {res.get('figure_label', 's/output token A'):>17} {'B':>10}  {'B/A':>6} {'interval':17} verdict",
         f"{res['shape']:11} {ms(res['median_a']):>17} {ms(res['median_b']):>10}  {ratio:>6} {interval:17} "
         + res["text"],
-        f"samples: {res['blocks']} blocks of fresh A+B engines, {res['calls_per_side']} paired calls a side, "
+        f"samples: {res['blocks']} blocks of fresh A+B {'servers' if res.get('suite') == 'serve' else 'engines'}, "
+        f"{res['calls_per_side']} paired {'levels' if res.get('suite') == 'serve' else 'calls'} a side, "
         f"{res['minutes']:.1f} min, {res['looks']} look(s) at {res['level']:.2%} each",
     ]
     for s in pair.SIDES:
@@ -284,9 +292,20 @@ def run(args) -> int:
             f"{args.rounds} paired rounds) takes about a minute here and a verdict needs two: pass --budget "
             f"{MIN_BUDGET_MIN:g} or more (default {DEFAULT_BUDGET_MIN:g})"
         )
+    if args.suite == "serve":
+        from b70bench.serve import pair as serve_pair
+
+        default_rounds = serve_pair.DEFAULT_ROUNDS
+        if args.concurrency < 1:
+            raise UsageError(
+                f"--concurrency {args.concurrency}: give 1 or more (default {serve_pair.DEFAULT_CONCURRENCY})"
+            )
+    else:
+        default_rounds = pair.DEFAULT_ROUNDS
+    args.rounds = default_rounds if args.rounds is None else args.rounds
     if args.rounds < 4:
         raise UsageError(
-            f"--rounds {args.rounds} is too few: a block's median needs 4 or more (default {pair.DEFAULT_ROUNDS})"
+            f"--rounds {args.rounds} is too few: a block's median needs 4 or more (default {default_rounds})"
         )
     if not 0.5 <= args.level < 1:
         raise UsageError(f"--level {args.level} is outside [0.5, 1): pass e.g. 0.95")
@@ -308,21 +327,22 @@ def run(args) -> int:
             f"calls alternating, budget {args.budget:g} min; logs in {out_dir}",
             flush=True,
         )
+        common = dict(
+            shape=args.shape,
+            budget_s=args.budget * 60,
+            level=args.level,
+            min_effect=args.min_effect,
+            floor=args.floor,
+            rounds=args.rounds,
+            python=python,
+            cache_dir=paired_cache_dir(),
+            out=lambda line: print(line, flush=True),
+        )
         with patches.env_lock(env, "b70bench compare (overlays read the installed vLLM)"):
-            res = compare_series(
-                dirs,
-                env,
-                out_dir,
-                shape=args.shape,
-                budget_s=args.budget * 60,
-                level=args.level,
-                min_effect=args.min_effect,
-                floor=args.floor,
-                rounds=args.rounds,
-                python=python,
-                cache_dir=paired_cache_dir(),
-                out=lambda line: print(line, flush=True),
-            )
+            if args.suite == "serve":
+                res = serve_pair.compare_series(dirs, env, out_dir, concurrency=args.concurrency, **common)
+            else:
+                res = compare_series(dirs, env, out_dir, **common)
     res["labels"] = labels
     if res["blocks"] == 0 and res["blocks_failed"]:
         # Nothing was measured because an engine would not run: that is the series or the settings, not the host.
@@ -356,10 +376,17 @@ def register(sub) -> None:
         help=f"machine minutes at most; blocks double while undecided (default {DEFAULT_BUDGET_MIN:g})",
     )
     p.add_argument(
+        "--suite",
+        choices=("decode", "serve"),
+        default="decode",
+        help="decode: offline calls (default); serve: each side's `vllm serve`, closed-loop levels",
+    )
+    p.add_argument("--concurrency", type=int, default=16, help="serve: requests in flight per level (default 16)")
+    p.add_argument(
         "--rounds",
         type=int,
-        default=pair.DEFAULT_ROUNDS,
-        help=f"paired rounds per block (default {pair.DEFAULT_ROUNDS})",
+        default=None,
+        help=f"paired rounds per block (default {pair.DEFAULT_ROUNDS} for decode, 8 for serve)",
     )
     p.add_argument("--level", type=float, default=DEFAULT_LEVEL, help="overall interval level (default 0.95)")
     p.add_argument(

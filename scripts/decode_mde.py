@@ -2,7 +2,8 @@
 
 Each pair is the shipped series (A) against the shipped series plus one patch (B): `graph:R` adds R 64x64
 matrix products per decoder layer and step inside the compiled graph (synthetic.with_graph_work),
-`logits:R` R products per step in compute_logits (outside the graph), `noop` a comment in a file vLLM
+`logits:R` R products per step in compute_logits (outside the graph), `sched:R` R hashes per pair of
+running requests in the scheduler's step (synthetic.scheduler_work), `noop` a comment in a file vLLM
 never imports for this model, `same` the identical series. `--hog` starts a CPU hog (nice 10)
 HOG_AFTER_S into every compare and stops it by PID HOG_FOR_S later: drift injected mid-measurement.
 Every compare is a real `compare.compare_series` on this interpreter's environment (nothing is applied
@@ -41,9 +42,13 @@ def series_for(pair: str, tmp: Path, text: str) -> Path:
     if pair == "noop":
         return synthetic.write_series(tmp / pair, {"noop.patch": synthetic.noop_patch()})
     kind, _, reps = pair.partition(":")
+    if kind == "sched" and reps.isdigit():
+        old = synthetic.pristine(synthetic.SCHEDULER_FILE)
+        patch = synthetic.diff(old, synthetic.scheduler_work(old, int(reps)), f"{pair}: work", synthetic.SCHEDULER_FILE)
+        return synthetic.write_series(tmp / pair.replace(":", "-"), {"work.patch": patch})
     edit = {"graph": synthetic.with_graph_work, "logits": synthetic.with_work}.get(kind)
     if edit is None or not reps.isdigit():
-        raise SystemExit(f"bad pair {pair!r}: write same, noop, graph:REPS or logits:REPS")
+        raise SystemExit(f"bad pair {pair!r}: write same, noop, graph:REPS, logits:REPS or sched:REPS")
     patch = synthetic.diff(text, edit(text, int(reps)), f"{pair}: deliberate work")
     return synthetic.write_series(tmp / pair.replace(":", "-"), {"work.patch": patch})
 

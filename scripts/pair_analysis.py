@@ -1,6 +1,7 @@
 """Which use of the host probe narrows a paired verdict: the blocks of `compare` runs, four ways.
 
     python scripts/pair_analysis.py DIR [DIR ...]
+    python scripts/pair_analysis.py --components DIR [DIR ...]
 
 Each DIR holds the blockNN.json files one `b70bench compare` (or one commit of the asv walk) wrote. Per DIR
 and per estimator, one B/A per block and the spread of those over blocks (what the verdict's interval is
@@ -9,6 +10,14 @@ made of):
 - paired: median over rounds of B/A of the two adjacent calls (what b70bench uses);
 - normalised: the same with each call divided by the host probe taken just before it;
 - conditioned: paired, only rounds whose two probes are within 15% of each other (same host state).
+
+--components splits the spread of the paired B/A over blocks into what the rounds inside a block explain and
+what is left between blocks (a per-process offset), pooled over every DIR, each DIR's own mean taken out:
+- within: the standard deviation of one round's log B/A inside a block, and its lag-1 correlation (near 0:
+  call-to-call noise that pairing cannot cancel; well above 0: drift slow enough for pairing to cancel);
+- expected: what that alone gives a block's median of n rounds (1.2533 * within / sqrt(n));
+- observed: the spread of the block values; between: sqrt(observed^2 - expected^2), the offset of a block.
+A block of n rounds then spreads sqrt(between^2 + (1.2533 * within)^2 / n): what more rounds a block buy.
 """
 
 from __future__ import annotations
@@ -62,5 +71,46 @@ def main(dirs: list[str]) -> None:
             )
 
 
+def components(dirs: list[str]) -> None:
+    within, lag1, devs, sizes = [], [], [], []
+    for d in dirs:
+        blocks = [json.loads(p.read_text()) for p in sorted(Path(d).glob("block[0-9][0-9].json"))]
+        blocks = [b for b in blocks if not b.get("error") and b.get("calls")]
+        per_block = []
+        for b in blocks:
+            logs = [math.log(y["latency_s"] / x["latency_s"]) for x, y in rounds(b)]
+            if len(logs) < 4:
+                continue
+            m = statistics.mean(logs)
+            within += [x - m for x in logs]
+            lag1 += [((x - m) * (y - m)) for x, y in zip(logs, logs[1:], strict=False)]
+            per_block.append(statistics.median(logs))
+            sizes.append(len(logs))
+        if len(per_block) >= 2:
+            mean = statistics.mean(per_block)
+            devs += [(v - mean, len(per_block)) for v in per_block]
+    if not devs:
+        print("no directory with two or more good blocks")
+        return
+    sd_w = math.sqrt(sum(x * x for x in within) / len(within))
+    rho = (sum(lag1) / len(lag1)) / sd_w**2
+    n = statistics.median(sizes)
+    # Each DIR's mean is estimated from its own k blocks: scale the pooled squares by k / (k - 1).
+    obs = math.sqrt(sum(v * v * k / (k - 1) for v, k in devs) / len(devs))
+    exp_ = 1.2533 * sd_w / math.sqrt(n)
+    between = math.sqrt(max(0.0, obs * obs - exp_ * exp_))
+    print("| dirs | blocks | rounds a block | within (1 round) | lag-1 corr | expected block sd | observed | between |")
+    print("|---|---|---|---|---|---|---|---|")
+    print(f"| {len(dirs)} | {len(devs)} | {n:.0f} | {sd_w:.1%} | {rho:.2f} | {exp_:.1%} | {obs:.1%} | {between:.1%} |")
+    print()
+    print("| rounds a block | block sd (modelled) |")
+    print("|---|---|")
+    for r in (24, 48, 96, 192, 384):
+        print(f"| {r} | {math.sqrt(between**2 + (1.2533 * sd_w) ** 2 / r):.1%} |")
+
+
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    if sys.argv[1:2] == ["--components"]:
+        components(sys.argv[2:])
+    else:
+        main(sys.argv[1:])

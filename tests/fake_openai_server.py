@@ -1,8 +1,10 @@
 """Stands in for vLLM's OpenAI-compatible server in tests: /health, streamed /v1/completions, /metrics.
 
 `python -m fake_openai_server --port N [--host H] [--token-s S] [--fail-start MSG] [--never-healthy]
-[--stall FIRST-LAST]`: each request streams max_tokens events, one token each, S seconds apart (default 0.01),
-then [DONE]; requests FIRST..LAST (counted from 1 in arrival order) wait 5 s before each token instead.
+[--stall FIRST-LAST] [--slow-if-patched]`: each request streams max_tokens events, one token each, S seconds
+apart (default 0.01), then [DONE]; requests FIRST..LAST (counted from 1 in arrival order) wait 5 s before
+each token instead.
+--slow-if-patched: 1.1 x S when the fake vLLM this server imports (tests/fakedist) carries the test patch.
 """
 
 import argparse
@@ -21,7 +23,13 @@ def main(argv):
     p.add_argument("--fail-start", default=None)
     p.add_argument("--never-healthy", action="store_true")
     p.add_argument("--stall", default="0-0")
+    p.add_argument("--slow-if-patched", action="store_true")
     args, _ = p.parse_known_args(argv)
+    if args.slow_if_patched:
+        import fakevllm.models.minimax_m2 as model
+
+        with open(model.__file__) as f:
+            args.token_s *= 1.1 if "k + q" in f.read() else 1.0
     stall_first, stall_last = (int(x) for x in args.stall.split("-"))
     count, lock = [0], threading.Lock()
     if args.fail_start:

@@ -157,3 +157,43 @@ def test_bad_input_is_one_line_and_exit_2(env, case, tmp_path):
     assert fix in lines[0]
     assert fakedist.model_path(site).read_text() == before
     assert not (out / "compare").exists()  # no log directory either
+
+
+class FakeServer:
+    """The stand-in OpenAI server as a side's server: slower by 10% where its overlay carries the patch."""
+
+    def __new__(cls, args, env, log_path, port=0, python=None):
+        from b70bench.serve import server
+
+        class Fake(server.Server):
+            module = "fake_openai_server"
+
+        return Fake(["--token-s", "0.005", "--slow-if-patched"], env, log_path, port=port, python=python)
+
+
+def test_serve_sides_are_paired_servers_and_a_slower_one_is_named(env, tmp_path, monkeypatch):
+    from b70bench.serve import pair as serve_pair
+
+    walker, repo, site, _stale, empty = env
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(TESTS), str(site)]))
+    res = serve_pair.compare_series(
+        {"A": empty, "B": repo / "patches"},
+        walker.env,
+        tmp_path / "out",
+        concurrency=2,
+        shape="p8n12",
+        budget_s=600,
+        level=0.95,
+        min_effect=0.05,
+        floor=0.02,
+        rounds=4,
+        out=lambda _line: None,
+        server_cls=FakeServer,
+    )
+    assert res["verdict"] == stats.SLOWER and res["ratio"] == pytest.approx(1.1, rel=0.04), res["text"]
+    assert res["blocks"] == 4 and res["calls_per_side"] == 16
+    assert res["sides"]["A"]["token_sha256"] == res["sides"]["B"]["token_sha256"]  # both gated through the API
+    for rec in res["block_records"]:
+        for side in ("A", "B"):
+            assert not runner.group_members(rec["starts"][side]["pid"])  # every server reaped
+    assert fakedist.model_path(site).read_text() == fakedist.MODEL

@@ -136,6 +136,7 @@ MOE_FILE = "vllm/model_executor/layers/fused_moe/experts/cpu_moe.py"
 RUNNER_FILE = "vllm/model_executor/layers/fused_moe/runner/moe_runner.py"
 COMM_FILE = "vllm/distributed/device_communicators/cpu_communicator.py"
 RUNNER_SIZE = 128
+SCHEDULER_FILE = "vllm/v1/core/sched/scheduler.py"
 
 
 def pristine(rel: str, env: Env | None = None) -> str:
@@ -197,4 +198,21 @@ def comm_clone(text: str) -> str:
         "        output = input_.clone()  # b70bench: clone first, as XpuCommunicator does\n"
         "        self.dist_module.all_reduce(output, group=self.device_group)\n"
         "        return output\n",
+    )
+
+
+def scheduler_work(text: str, reps: int) -> str:
+    """The scheduler does `reps` hashes per pair of running requests at every step: work that grows with the
+    square of the batch (an O(n^2) policy), negligible at one request and a real cost at 16. Tokens unchanged."""
+    return _edit_in(
+        SCHEDULER_FILE,
+        text,
+        "    def schedule(self, throttle_prefills: bool = False) -> SchedulerOutput:\n        self.current_step += 1\n",
+        "    def schedule(self, throttle_prefills: bool = False) -> SchedulerOutput:\n"
+        "        self.current_step += 1\n"
+        f"        # b70bench: {reps} hashes per pair of running requests and step (grows with the batch squared).\n"
+        "        for _a in self.running:\n"
+        "            for _b in self.running:\n"
+        f"                for _ in range({reps}):\n"
+        "                    hash((id(_a), id(_b)))\n",
     )

@@ -68,8 +68,13 @@ class Server:
         return logs.failure_reason_in(self.log_path)
 
     def start(self, timeout_s: float = HEALTH_TIMEOUT_S) -> float:
+        self.launch()
+        return self.wait_healthy(timeout_s)
+
+    def launch(self) -> None:
+        """Start the process and return at once (wait_healthy() waits): two servers can start together."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        t0 = time.monotonic()
+        self.t0 = time.monotonic()
         with open(self.log_path, "w") as log:
             self.proc = subprocess.Popen(
                 [self.python, "-m", self.module, *self.args, "--host", "127.0.0.1", "--port", str(self.port)],
@@ -79,7 +84,10 @@ class Server:
                 env=self.env,
                 start_new_session=True,
             )
-        while time.monotonic() - t0 < timeout_s:
+
+    def wait_healthy(self, timeout_s: float = HEALTH_TIMEOUT_S) -> float:
+        """Seconds from launch to the first /health 200; stops the server and raises ServerError otherwise."""
+        while time.monotonic() - self.t0 < timeout_s:
             code = self.proc.poll()
             if code is not None:
                 self.stop()
@@ -89,7 +97,7 @@ class Server:
             try:
                 status, _ = http_get(self.port, "/health", 2.0)
                 if status == 200:
-                    self.startup_s = time.monotonic() - t0
+                    self.startup_s = time.monotonic() - self.t0
                     return self.startup_s
             except OSError:
                 pass
