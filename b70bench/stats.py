@@ -16,6 +16,14 @@ def quantile(values: list[float], q: float) -> float:
     return s[lo] + (s[hi] - s[lo]) * (pos - lo)
 
 
+def trimmed_mean(values: list[float], proportion: float) -> float:
+    """Mean of the values left after dropping floor(proportion * n) from each end of the sorted list."""
+    s = sorted(values)
+    k = int(proportion * len(s))
+    kept = s[k : len(s) - k] or s
+    return sum(kept) / len(kept)
+
+
 def median_ci(values: list[float], level: float = 0.95) -> tuple[float, float] | None:
     """Distribution-free interval for the median: order statistics k..n+1-k with binomial
     coverage >= level (no assumption about the noise's shape, which on a shared host is skewed).

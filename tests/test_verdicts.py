@@ -151,6 +151,14 @@ def test_paired_interval_is_the_t_interval_of_the_logs():
         stats.paired_interval([1.02, 0.0])
 
 
+def test_trimmed_mean_drops_the_share_from_each_end():
+    values = [5.0, -100.0, 1.0, 2.0, 3.0, 4.0, 6.0, 7.0, 8.0, 100.0]
+    assert stats.trimmed_mean(values, 0.1) == pytest.approx(sum(range(1, 9)) / 8)  # one dropped each end
+    assert stats.trimmed_mean(values, 0.0) == pytest.approx(sum(values) / 10)
+    assert stats.trimmed_mean(values, 0.29) == pytest.approx(sum(range(2, 8)) / 6)  # floor(2.9) = 2 each end
+    assert stats.trimmed_mean([2.0], 0.4) == 2.0
+
+
 def test_paired_interval_covers_at_its_level():
     rng = random.Random(5)
     trials, hits = 2000, 0

@@ -8,7 +8,7 @@ the order A B, B A, A B, ... The two calls of a round are a few hundred millisec
 they see the same host, and their ratio B/A cancels what the host did. What the host cannot cancel
 is an offset per process (one start runs a percent or two faster than another of the same code
 for its whole life), so the block, not the call, is the unit of a verdict: each block gives one
-B/A (the median of its rounds' ratios) and blocks are repeated with fresh processes.
+B/A (the 10%-trimmed mean of its rounds' log ratios) and blocks are repeated with fresh processes.
 
 Every call records the host probe taken just before it (child.host_probe), so a reader can check
 the host state of every sample and the analysis can compare pairing, conditioning and normalising.
@@ -27,6 +27,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from b70bench import stats
 from b70bench.decode import environment, logs, runner
 
 SIDES = "AB"
@@ -35,6 +36,8 @@ DEFAULT_WARMUP_CALLS = 3
 # Pause before each timed call, for the other engine's OpenMP threads to stop spinning (KMP_BLOCKTIME; the
 # engines get 5 ms, compare.CPU_ENGINE_ENV).
 DEFAULT_GAP_S = 0.02
+# The share of a block's round log ratios dropped from each end before their mean is taken.
+ROUND_TRIM = 0.1
 # A start is tens of seconds on the CPU default (import, compile, gate, warm-up); a call well under one.
 START_TIMEOUT_S = 600.0
 CALL_TIMEOUT_S = 120.0
@@ -166,9 +169,13 @@ class Block:
         return out
 
     def ratio(self, normalise: bool = False) -> float | None:
-        """This block's B/A: the median of its rounds' ratios (one call another process slowed cannot move it)."""
+        """This block's B/A: the ROUND_TRIM-trimmed mean of its rounds' log ratios, exponentiated.
+
+        The rounds' log ratios are nearly independent (lag-1 correlation ~0.05) with heavy tails: over the
+        same A/A blocks the mean spread least, the median most; trimming keeps a few stalled calls from
+        moving it (docs/timing.md)."""
         rs = self.ratios(normalise)
-        return math.exp(statistics.median(math.log(r) for r in rs)) if rs else None
+        return math.exp(stats.trimmed_mean([math.log(r) for r in rs], ROUND_TRIM)) if rs else None
 
     def figure(self, side: str) -> float | None:
         """Median seconds per call of one side in this block."""
@@ -289,8 +296,6 @@ def per_look_level(level: float, max_looks: int = 4) -> float:
 
 def estimate(blocks: list[Block], level: float, normalise: bool = False):
     """stats.Ratio of B/A over blocks (one value per block), or None with fewer than two good blocks."""
-    from b70bench import stats
-
     values = [r for b in blocks if b.error is None and (r := b.ratio(normalise)) is not None]
     return stats.paired_interval(values, level) if len(values) >= 2 else None
 
@@ -312,7 +317,6 @@ def measure(
     run_one(index) -> Block runs one block. `level` is each look's; at most max_looks looks are taken,
     so an A/A pair is called different with at most max_looks * (1 - level) (per_look_level()).
     """
-    from b70bench import stats
 
     per_look = level
     t0 = clock()
