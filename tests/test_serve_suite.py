@@ -71,7 +71,7 @@ def test_a_server_killed_mid_level_fails_that_level_and_the_next_runs(tmp_path):
     rec = suite.one_start(make, small(concurrency=(1, 2, 4), timeout_s=30), out=out)
     first, killed, after = rec["levels"]
     assert first["error"] is None and first["completed"] == first["requests"]
-    assert killed["error"] and "the server died during the level" in killed["error"], killed["error"]
+    assert killed["error"] and "the server died during the level: the server was killed by SIGKILL" in killed["error"]
     assert killed["failed"] > 0
     assert after["error"] is None and after["completed"] == after["requests"]  # a new server for the next level
     assert len(made) == 2 and len(rec["startup_s"]) == 2
@@ -92,7 +92,8 @@ def test_a_client_timeout_is_a_failed_level_with_its_reason(tmp_path):
     assert not runner.group_members(made[0].proc.pid)
 
 
-def test_a_gate_that_times_out_fails_the_start_in_one_line(tmp_path):
+def test_a_gate_that_times_out_fails_the_start_in_one_line(tmp_path, monkeypatch):
+    monkeypatch.setattr(suite, "GATE_TIMEOUT_S", 1.0)
     make, made = maker(tmp_path, "--token-s", "0.005", "--stall", "1-1")
     rec = suite.one_start(make, small(concurrency=(1, 4), timeout_s=1.0))
     assert not rec["ok"] and "the gate's requests failed" in rec["error"] and "timed out" in rec["error"]
@@ -149,6 +150,7 @@ def test_summary_rows_and_records_for_dashboards():
         (["--concurrency", "0"], "1 or more"),
         (["--starts", "0"], "give 1 or more"),
         (["--anchor-rounds", "1"], "an interval needs two"),
+        (["--timeout", "0"], "seconds above 0"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(argv, message, capsys):

@@ -101,9 +101,10 @@ def run_bench(
     return json.loads(out_json.read_text())
 
 
-def ratios(rounds: list[dict], ours: str, theirs: str, level: float = 0.95) -> dict | None:
-    """b70bench / vllm bench serve over the rounds where both measured: ratio, interval, n."""
-    values = [r["b70bench"][ours] * 1e3 / r["vllm"][theirs] for r in rounds if _both(r, ours, theirs)]
+def ratios(rounds: list[dict], ours: str, theirs: str, level: float = 0.95, scale: float = 1e3) -> dict | None:
+    """b70bench / vllm bench serve over the rounds where both measured: ratio, interval, n. scale takes ours
+    (seconds) to theirs (milliseconds); 1 for rates."""
+    values = [r["b70bench"][ours] * scale / r["vllm"][theirs] for r in rounds if _both(r, ours, theirs)]
     if len(values) < 2:
         return {"ratio": values[0], "lo": None, "hi": None, "n": 1} if values else None
     r = stats.paired_interval(values, level)

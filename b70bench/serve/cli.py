@@ -165,6 +165,8 @@ def run(args) -> int:
         raise UsageError(f"--rate {args.rate}: a fraction of the measured capacity, above 0 and at most 1")
     if args.port:
         server.check_port(args.port)
+    if args.timeout <= 0 or args.startup_timeout <= 0:
+        raise UsageError("--timeout and --startup-timeout are seconds above 0")
     if args.anchor_rounds < 0 or args.anchor_rounds == 1:
         raise UsageError(f"--anchor-rounds {args.anchor_rounds}: 0 (off) or 2 or more (an interval needs two)")
     load = suite.Load.from_shape(
@@ -173,6 +175,8 @@ def run(args) -> int:
         rate=args.rate,
         slo=parse_slo(args.slo),
         anchor_rounds=args.anchor_rounds,
+        timeout_s=args.timeout,
+        startup_timeout_s=args.startup_timeout,
     )
     dev = devmod.select(args.backend, args.device_index)
     recs = measure(
@@ -186,6 +190,9 @@ def run(args) -> int:
     )
     rows = summarize(recs)
     print(records.format_table(rows, list(rows[0]) if rows else ["level"]))
+    ups = [r["startup_s"][0] for r in recs if r["startup_s"]]
+    if ups:
+        print(f"server start-up (launch to /health 200): median {_median(ups):.1f} s over {len(ups)} start(s)")
     best = best_concurrency(recs, load.slo)
     if load.slo:
         print(f"highest concurrency meeting {load.slo} (90% of requests, median start): {best}")
@@ -216,6 +223,15 @@ def register(sub) -> None:
     p.add_argument("--model", default=None, help="model path or id (default: the embedded tiny MiniMax-M2)")
     p.add_argument("--port", type=int, default=0, help="server port (default 0: a free one)")
     p.add_argument("--server-arg", action="append", help="one more `vllm serve` argument")
+    p.add_argument(
+        "--timeout", type=float, default=300.0, help="seconds a request may wait for its next bytes (default 300)"
+    )
+    p.add_argument(
+        "--startup-timeout",
+        type=float,
+        default=server.HEALTH_TIMEOUT_S,
+        help=f"seconds for a server to answer /health (default {server.HEALTH_TIMEOUT_S:g})",
+    )
     p.add_argument("--out-dir", default=None, help="server logs and compile caches (default under ~/.cache/b70bench)")
     cli.add_device_args(p)
     cli.add_json_arg(p)

@@ -58,7 +58,7 @@ def run_block(
             servers[s].launch()
         for s in first:
             startup = servers[s].wait_healthy(load.startup_timeout_s)
-            sha, why = suite.gate_through_api(servers[s].port, timeout_s=load.timeout_s)
+            sha, why = suite.gate_through_api(servers[s].port, timeout_s=max(load.timeout_s, suite.GATE_TIMEOUT_S))
             if why:
                 raise server.ServerError(f"side {s}: the gate's requests failed: {why}")
             block.starts[s] = {
@@ -78,7 +78,8 @@ def run_block(
                 lv = suite.run_level(servers[s], load, "concurrency", c, offset)
                 offset += lv["requests"] + c
                 if lv["error"] or not servers[s].alive() or lv.get("tpot_s_median") is None:
-                    raise server.ServerError(f"side {s}: {lv['error'] or 'the server died during the level'}")
+                    died = "" if servers[s].alive() else f"the server died during the level: {servers[s].death()}"
+                    raise server.ServerError(f"side {s}: {lv['error'] or died or 'no TPOT measured'}")
                 block.calls.append(
                     {
                         "side": s,

@@ -9,6 +9,7 @@ group, by the PID it was started with.
 from __future__ import annotations
 
 import http.client
+import signal
 import socket
 import subprocess
 import sys
@@ -104,6 +105,15 @@ class Server:
             time.sleep(0.5)
         self.stop()
         raise ServerError(f"the server was not healthy after {timeout_s:.0f} s (stopped; log: {self.log_path})")
+
+    def death(self) -> str:
+        """Why the server is gone, one line: the signal that killed it, or its exit code and vLLM's reason."""
+        code = self.proc.poll() if self.proc is not None else None
+        if code is None:
+            return "the server is still running"
+        if code < 0:
+            return f"the server was killed by {signal.Signals(-code).name}"
+        return f"the server exited with code {code}: {self.reason() or 'no reason in its log ' + str(self.log_path)}"
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None

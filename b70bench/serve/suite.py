@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import random
 import resource
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -45,6 +46,7 @@ METRIC_NAMES = (
     "vllm:generation_tokens_total",
 )
 ARRIVAL_SEED = 7
+GATE_TIMEOUT_S = 120.0
 # Requests in flight at most in the open loop (beyond it arrivals queue in the client, which the TTFT then shows).
 OPEN_LOOP_THREADS = 64
 
@@ -164,6 +166,41 @@ def _cpu_s(pids: list[int]) -> float:
     return total / tick
 
 
+class MetricsPoller:
+    """/metrics every `every_s` while a level runs: the peak of each gauge (running, waiting, KV usage) and the
+    counters' last values, so a level's queue is seen while it is there, not after it drained."""
+
+    def __init__(self, port: int, every_s: float = 0.5):
+        self.port, self.every_s = port, every_s
+        self.peak: dict[str, float] = {}
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _poll(self) -> None:
+        try:
+            status, text = server.http_get(self.port, "/metrics", 2.0)
+        except OSError:
+            return
+        if status != 200:
+            return
+        for name, value in parse_metrics(text).items():
+            counter = name.endswith("_total")
+            self.peak[name] = value if counter else max(value, self.peak.get(name, value))
+
+    def _run(self) -> None:
+        while not self.done.wait(self.every_s):
+            self._poll()
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.done.set()
+        self.thread.join(timeout=5)
+        self._poll()
+
+
 class CpuShares:
     """CPU seconds of this process (the client) and of the server's process group over one level, per wall second."""
 
@@ -203,12 +240,12 @@ def run_level(srv: server.Server, load: Load, kind: str, value: float, offset: i
         n = requests_for(c)
         client.closed_loop(srv.port, SERVED_NAME, prompts_for(c, load.prompt_len, offset), load.output_len, c, **kw)
         prompts = prompts_for(n, load.prompt_len, offset + c)
-        with CpuShares(srv) as cpu:
+        with CpuShares(srv) as cpu, MetricsPoller(srv.port) as polled:
             recs = client.closed_loop(srv.port, SERVED_NAME, prompts, load.output_len, c, **kw)
     else:
         n = max(MIN_REQUESTS, int(round(value * load.open_loop_s)))
         prompts = prompts_for(n, load.prompt_len, offset)
-        with CpuShares(srv) as cpu:
+        with CpuShares(srv) as cpu, MetricsPoller(srv.port) as polled:
             recs = open_loop(srv.port, SERVED_NAME, prompts, load.output_len, value, **kw)
     out = {"kind": kind, kind: value, **metrics.level(recs, load.slo or None)}
     out["client_cpu_share"] = round(cpu.client_share, 3)
@@ -217,11 +254,7 @@ def run_level(srv: server.Server, load: Load, kind: str, value: float, offset: i
     errors = [r["error"] for r in recs if r.get("error")]
     out["error"] = errors[0] if errors else None
     out["records"] = [{k: r[k] for k in ("ok", "sent_s", "token_s", "error")} for r in recs]
-    try:
-        status, text = server.http_get(srv.port, "/metrics")
-        out["server_metrics"] = parse_metrics(text) if status == 200 else {}
-    except OSError:
-        out["server_metrics"] = {}
+    out["server_metrics"] = polled.peak
     return out
 
 
@@ -245,12 +278,15 @@ def anchored(srv: server.Server, load: Load, lv: dict, offset: int, out_dir: Pat
             srv.port, SERVED_NAME, load.tokenizer, load.prompt_len, load.output_len, c, lv["requests"]
         )
         theirs = anchor.run_bench(args, out_dir / f"anchor-c{c}-round{r}.json", srv.env, srv.python)
-        ours = {k: lv_r.get(k) for k in ("tpot_s_median", "ttft_s_median", "itl_s_median", "output_tok_per_s")}
+        ours = {k: lv_r.get(k) for k in ("tpot_s_median", "ttft_s_median", "itl_s_median", "e2e_s_median")}
+        ours["output_tok_per_s"] = lv_r.get("output_tok_per_s")
         rounds.append({"b70bench": ours, "vllm": theirs})
     return {
         "rounds": rounds,
         "tpot": anchor.ratios(rounds, "tpot_s_median", "median_tpot_ms"),
         "ttft": anchor.ratios(rounds, "ttft_s_median", "median_ttft_ms"),
+        "e2e": anchor.ratios(rounds, "e2e_s_median", "median_e2el_ms"),
+        "output_tok_per_s": anchor.ratios(rounds, "output_tok_per_s", "output_throughput", scale=1.0),
     }, offset
 
 
@@ -262,7 +298,8 @@ def one_start(make_server, load: Load, out=print, anchor_dir: Path | None = None
     try:
         srv = make_server()
         rec["startup_s"].append(srv.start(load.startup_timeout_s))
-        rec["gate_sha256"], why = gate_through_api(srv.port, timeout_s=load.timeout_s)
+        # The gate waits as long as a start may: a short --timeout is for the load, not for these checks.
+        rec["gate_sha256"], why = gate_through_api(srv.port, timeout_s=max(load.timeout_s, GATE_TIMEOUT_S))
         if why:
             raise server.ServerError(f"the gate's requests failed: {why}")
         offset = 1000
@@ -278,7 +315,7 @@ def one_start(make_server, load: Load, out=print, anchor_dir: Path | None = None
             if kind == "concurrency" and load.anchor_rounds and not lv["error"] and srv.alive():
                 lv["anchor"], offset = anchored(srv, load, lv, offset, anchor_dir or srv.log_path.parent)
             if not srv.alive():
-                lv["error"] = f"the server died during the level: {srv.reason() or 'no reason in its log'}"
+                lv["error"] = f"the server died during the level: {srv.death()}"
             rec["levels"].append(lv)
             out(level_line(lv))
             if kind == "concurrency" and i == len(load.concurrency) - 1 and load.rate:
@@ -290,6 +327,7 @@ def one_start(make_server, load: Load, out=print, anchor_dir: Path | None = None
     except server.ServerError as err:
         rec["error"] = str(err)
         done = {(x["kind"], x[x["kind"]]) for x in rec["levels"]}
+        out(f"start failed: {err}")
         for kind, value in levels:
             if (kind, value) not in done:
                 rec["levels"].append(failed_level(kind, value, str(err)))
@@ -316,8 +354,9 @@ def level_line(lv: dict) -> str:
     )
     if lv["error"]:
         text += f"; {lv['failed']} failed: {lv['error']}"
-    tpot = (lv.get("anchor") or {}).get("tpot")
-    if tpot:
-        interval = f" [{tpot['lo']:.3f}, {tpot['hi']:.3f}]" if tpot["lo"] is not None else ""
-        text += f"; TPOT / vllm bench serve's {tpot['ratio']:.3f}{interval} over {tpot['n']} rounds"
+    for name in ("tpot", "e2e"):
+        r = (lv.get("anchor") or {}).get(name)
+        if r:
+            interval = f" [{r['lo']:.3f}, {r['hi']:.3f}]" if r["lo"] is not None else ""
+            text += f"; {name.upper()} / vllm bench serve's {r['ratio']:.3f}{interval} ({r['n']} rounds)"
     return text
