@@ -10,7 +10,7 @@ History (each commit's patches/series stacked on the previous; b70bench.patches.
   5 comm-clone   vLLM's CpuCommunicator.all_reduce clones first, as XpuCommunicator does: the `vllm`
                    allreduce path slower, c10d untouched, decode (TP 1) untouched
   6 slowdown     + GRAPH_REPS 64x64 matrix products per decoder layer and step inside the compiled graph
-                   (synthetic.with_graph_work): a decode slowdown of well under 10%, tokens unchanged
+                   (synthetic.with_graph_work): a decode slowdown of ~20% here, tokens unchanged
   7 moe-kernel   the htile case in vLLM's own MoE code: the experts kernel runs once (the isolated
                    `vllm` moe-down figure 3x faster), while vLLM's MoE layer entry (_moe_forward, which
                    the isolated call does not run) gains RUNNER_REPS 128x128 products per layer and step
@@ -62,8 +62,9 @@ AR_FIGURE = "bench_allreduce.Allreduce.track_time"
 # slowdown products, 8 keep that margin over the heavier step behind SLOWDOWN_REPS.
 RUNNER_REPS = 8
 # In-graph products per decoder layer and step for the slowdown commit (docs/patch-sets-and-asv.md: what
-# each count cost).
-GRAPH_REPS = 2
+# each count cost). 2 read 1.14-1.19 in three walks, once clearing 1 by only 0.1% at the first look: 3 keep
+# the assertion off the edge on a noisy afternoon.
+GRAPH_REPS = 3
 # Minutes of paired measurement per commit at most; most verdicts are decided earlier.
 WALK_BUDGET_MIN = 6
 # When the hog starts and stops, seconds into the measurement of the commits named in hog_schedule.
