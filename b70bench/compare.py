@@ -48,7 +48,7 @@ def paired_cache_dir() -> Path:
 # OpenMP runtime has read its default (200 ms) by then, so after every call the engine spun for 0.2 s (its
 # CPU time, measured here), sharing the cores with the other engine's next call.
 CPU_ENGINE_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "KMP_BLOCKTIME": "5"}
-# One block (two starts on a warm cache, 48 rounds) takes about a minute on the 2-core VM; a verdict
+# One block (two starts on a warm cache, 96 rounds) takes about a minute on the 2-core VM; a verdict
 # needs two blocks at least.
 MIN_BUDGET_MIN = 2.0
 

@@ -3,9 +3,10 @@
 Walking commits (asv sets ASV_COMMIT; CPU default): the commit is measured against its git parent
 the way `b70bench compare` measures, both engines alive together and calls alternating, in blocks of
 fresh engines until decided or B70BENCH_DECODE_BUDGET_MIN (default compare.DEFAULT_BUDGET_MIN) is
-spent. Each block is one sample: this commit's median seconds per output token (the plotted figure)
-and its B/A against the parent (track_ratio_to_parent, what the website's verdict is read from),
-with the minutes and calls it took. B70BENCH_DECODE_PAIRED=0 (the Makefile's `make bench`) measures
+spent (B70BENCH_DECODE_ROUNDS paired rounds a block, default decode.pair.DEFAULT_ROUNDS). Each block is
+one sample: this commit's median seconds per output token (the plotted figure) and its B/A against
+the parent (track_ratio_to_parent, what the website's verdict is read from), with the minutes and calls
+it took. B70BENCH_DECODE_PAIRED=0 (the Makefile's `make bench`) measures
 separate starts instead, as below.
 
 Seconds per output/total token drive regression detection (asv only knows lower-is-better): their
@@ -24,6 +25,7 @@ from pathlib import Path
 
 from b70bench import cachekey, compare, decode, patches
 from b70bench.decode import model as decode_model
+from b70bench.decode import pair
 from b70bench.decode import suite as decode_suite
 from b70bench.fingerprint import fingerprint
 
@@ -72,6 +74,15 @@ def _budget_s() -> float:
     return value * 60
 
 
+def _rounds() -> int:
+    text = os.environ.get("B70BENCH_DECODE_ROUNDS")
+    if not text:
+        return pair.DEFAULT_ROUNDS
+    if not text.isdigit() or int(text) < 4:
+        raise NotImplementedError(f"B70BENCH_DECODE_ROUNDS={text!r}: set a whole number of paired rounds >= 4")
+    return int(text)
+
+
 def _paired_summary(shape: str, dev) -> dict:
     """One shape of this commit against its parent (compare.against_parent) as the figures asv tracks."""
     commit = os.environ["ASV_COMMIT"]
@@ -84,6 +95,7 @@ def _paired_summary(shape: str, dev) -> dict:
         out_dir,
         shape=shape,
         budget_s=_budget_s(),
+        rounds=_rounds(),
         level=compare.WALK_LEVEL,
         cache_dir=compare.paired_cache_dir(),
     )

@@ -1,7 +1,8 @@
 """What `b70bench compare` decides on this machine: no-op pairs and slowdowns of known cost, with or without a hog.
 
 Each pair is the shipped series (A) against the shipped series plus one patch (B): `graph:R` adds R 64x64
-matrix products per decoder layer and step inside the compiled graph (synthetic.with_graph_work),
+matrix products per decoder layer and step inside the compiled graph (synthetic.with_graph_work; `graph:RxS`
+makes them SxS),
 `logits:R` R products per step in compute_logits (outside the graph), `sched:R` R hashes per pair of
 running requests in the scheduler's step (synthetic.scheduler_work), `noop` a comment in a file vLLM
 never imports for this model, `same` the identical series. `--hog` starts a CPU hog (nice 10)
@@ -46,10 +47,12 @@ def series_for(pair: str, tmp: Path, text: str) -> Path:
         old = synthetic.pristine(synthetic.SCHEDULER_FILE)
         patch = synthetic.diff(old, synthetic.scheduler_work(old, int(reps)), f"{pair}: work", synthetic.SCHEDULER_FILE)
         return synthetic.write_series(tmp / pair.replace(":", "-"), {"work.patch": patch})
+    reps, _, size = reps.partition("x")
     edit = {"graph": synthetic.with_graph_work, "logits": synthetic.with_work}.get(kind)
-    if edit is None or not reps.isdigit():
-        raise SystemExit(f"bad pair {pair!r}: write same, noop, graph:REPS, logits:REPS or sched:REPS")
-    patch = synthetic.diff(text, edit(text, int(reps)), f"{pair}: deliberate work")
+    if edit is None or not reps.isdigit() or (size and not (kind == "graph" and size.isdigit())):
+        raise SystemExit(f"bad pair {pair!r}: write same, noop, graph:REPS[xSIZE], logits:REPS or sched:REPS")
+    new = edit(text, int(reps), int(size)) if size else edit(text, int(reps))
+    patch = synthetic.diff(text, new, f"{pair}: deliberate work")
     return synthetic.write_series(tmp / pair.replace(":", "-"), {"work.patch": patch})
 
 

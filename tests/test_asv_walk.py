@@ -67,6 +67,8 @@ RUNNER_REPS = 8
 GRAPH_REPS = 3
 # Minutes of paired measurement per commit at most; most verdicts are decided earlier.
 WALK_BUDGET_MIN = 6
+# Paired rounds per block: half of compare's default, so four commits' blocks keep CI under 40 minutes.
+WALK_ROUNDS = 48
 # When the hog starts and stops, seconds into the measurement of the commits named in hog_schedule.
 HOG_DELAY_S = 45
 
@@ -311,6 +313,7 @@ def test_asv_walk_over_patch_sets(tmp_path):
             timeout=2400,
             B70BENCH_CACHE=str(cache),
             B70BENCH_DECODE_BUDGET_MIN=str(WALK_BUDGET_MIN),
+            B70BENCH_DECODE_ROUNDS=str(WALK_ROUNDS),
         )
     # The isolated suites over the commits around the communicator and MoE patches (and the slowdown,
     # where nothing isolated moved): the `vllm` moe-down variant, the c10d and vllm allreduce paths.

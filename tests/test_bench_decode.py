@@ -121,6 +121,20 @@ def test_the_walks_budget_comes_from_the_environment(monkeypatch):
             bench_decode._budget_s()
 
 
+def test_the_walks_rounds_come_from_the_environment(monkeypatch):
+    from b70bench.decode import pair
+    from benchmarks import bench_decode
+
+    monkeypatch.delenv("B70BENCH_DECODE_ROUNDS", raising=False)
+    assert bench_decode._rounds() == pair.DEFAULT_ROUNDS
+    monkeypatch.setenv("B70BENCH_DECODE_ROUNDS", "48")
+    assert bench_decode._rounds() == 48
+    for bad in ("3", "many"):
+        monkeypatch.setenv("B70BENCH_DECODE_ROUNDS", bad)
+        with pytest.raises(NotImplementedError, match="B70BENCH_DECODE_ROUNDS"):
+            bench_decode._rounds()
+
+
 def test_paired_figures_are_one_sample_per_block():
     import math
 

@@ -31,7 +31,10 @@ from b70bench import stats
 from b70bench.decode import environment, logs, runner
 
 SIDES = "AB"
-DEFAULT_ROUNDS = 48
+# Rounds per block. A round's log B/A spreads ~20% (the host moves within a second) and the rounds, not the
+# per-process offset (~1%), set a block's spread: doubling 48 rounds costs ~15 s on top of the two starts
+# (~25-30 s) and takes a block's spread from ~3.6% to ~2.6%, so 8 blocks fit in 10 minutes and resolve 5%.
+DEFAULT_ROUNDS = 96
 DEFAULT_WARMUP_CALLS = 3
 # Pause before each timed call, for the other engine's OpenMP threads to stop spinning (KMP_BLOCKTIME; the
 # engines get 5 ms, compare.CPU_ENGINE_ENV).

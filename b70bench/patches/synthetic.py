@@ -90,15 +90,16 @@ def with_work(text: str, reps: int) -> str:
     )
 
 
-def with_graph_work(text: str, reps: int) -> str:
-    """`reps` 64x64 matrix products per decoder layer and step inside the compiled graph (Dynamo traces
-    the layer's forward): their result joins the hidden states times zero, so the tokens stay the same
-    and the compiler cannot drop the work."""
+def with_graph_work(text: str, reps: int, size: int = WORK_SIZE) -> str:
+    """`reps` size x size matrix products per decoder layer and step inside the compiled graph (Dynamo
+    traces the layer's forward): their result joins the hidden states times zero, so the tokens stay the
+    same and the compiler cannot drop the work. A smaller `size` is a smaller slowdown (call overhead
+    keeps one 16x16 product at about a third of a 64x64 one on the CPU)."""
     return _edit(
         text,
         "        hidden_states = self.block_sparse_moe(hidden_states)\n",
-        f"        # Deliberate in-graph work: {reps} {WORK_SIZE}x{WORK_SIZE} matrix products per layer and step.\n"
-        f"        _m = hidden_states.new_ones({WORK_SIZE}, {WORK_SIZE}) * hidden_states[0, 0]\n"
+        f"        # Deliberate in-graph work: {reps} {size}x{size} matrix products per layer and step.\n"
+        f"        _m = hidden_states.new_ones({size}, {size}) * hidden_states[0, 0]\n"
         f"        for _ in range({reps}):\n"
         f"            _m = torch.tanh(_m @ _m)\n"
         f"        hidden_states = hidden_states + 0.0 * _m[0, 0]\n",
