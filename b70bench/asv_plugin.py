@@ -47,6 +47,7 @@ DECIDED = (
 # Paired B/A ratios to the git parent, one sample per block; the machine minutes and the timed calls per
 # side that measurement took (one value each).
 RATIO = "bench_decode.Decode.track_ratio_to_parent"
+RATIO_SE = "bench_decode.Decode.track_ratio_se_to_parent"  # each block's standard error of its log ratio
 MINUTES = "bench_decode.Decode.track_minutes"
 CALLS = "bench_decode.Decode.track_calls"
 # Withdrawn from asv's list: the higher-is-better twins of DECIDED (asv would list a speed-up as a
@@ -57,6 +58,7 @@ WITHDRAWN = (
     "bench_serve.Serve.track_goodput_request_per_s",
     "bench_serve.Serve.track_output_tok_per_s",
     RATIO,
+    RATIO_SE,
     MINUTES,
     CALLS,
 )
@@ -200,6 +202,7 @@ class Verdicts(OutputPublisher):
             graph_params = {k: v for k, v in graph.params.items() if len(all_params[k]) > 1}
             seconds = _figure(results, benchmarks, benchmark["name"], graph, revisions)
             ratios = _figure(results, benchmarks, RATIO, graph, revisions)
+            ses = _figure(results, benchmarks, RATIO_SE, graph, revisions)
             minutes = _figure(results, benchmarks, MINUTES, graph, revisions)
             calls = _figure(results, benchmarks, CALLS, graph, revisions)
             combos = list(itertools.product(*benchmark["params"])) if benchmark.get("params") else [()]
@@ -209,10 +212,18 @@ class Verdicts(OutputPublisher):
                 mine = seconds.get(tuple(combo), {})
                 # Only decode is measured paired with the parent; other figures are decided by the walk.
                 paired = (ratios.get(tuple(combo)) or ratios.get((), {})) if benchmark["name"] in DECIDED[:2] else {}
+                paired_ses = (ses.get(tuple(combo)) or ses.get((), {})) if paired else {}
                 extra = {c: _extra(minutes, calls, tuple(combo), c) for c in {*paired, *mine}}
                 if any(s for s, _v in paired.values()):
                     points = [
-                        verdicts.Point(revisions[c], c, s or (), *extra[c], parent=git.info(c)[0])
+                        verdicts.Point(
+                            revisions[c],
+                            c,
+                            s or (),
+                            *extra[c],
+                            parent=git.info(c)[0],
+                            ses=tuple(paired_ses.get(c, ((), None))[0] or ()),
+                        )
                         for c, (s, _v) in paired.items()
                     ]
                     decided_here = verdicts.paired(points, level, min_effect, floor)

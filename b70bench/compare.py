@@ -258,6 +258,7 @@ def verdict_fields(result: pair.Paired, min_effect: float) -> dict:
         "looks": result.looks,
         "reason": result.reason,
         "block_ratios": [b.ratio() for b in good],
+        "block_log_ses": pair.block_ses(good),
     }
 
 

@@ -189,6 +189,58 @@ def paired_interval(ratios: list[float], level: float = 0.95) -> Ratio:
     return Ratio(math.exp(mean), math.exp(mean - half), math.exp(mean + half), level, n, n)
 
 
+def winsorized_sd(values: list[float], proportion: float) -> float:
+    """Standard deviation after pulling floor(proportion * n) values at each end in to the nearest kept one
+    (Tukey and McLaughlin: with it, the trimmed mean's standard error is sd_w / ((1 - 2 * proportion) * sqrt(n)))."""
+    s = sorted(values)
+    n, k = len(s), int(proportion * len(s))
+    if n < 2:
+        raise ValueError(f"need at least two values (have {n})")
+    lo, hi = s[k], s[n - 1 - k]
+    w = [min(max(v, lo), hi) for v in values]
+    mean = sum(w) / n
+    return math.sqrt(sum((v - mean) ** 2 for v in w) / (n - 1))
+
+
+def lag1_correlation(values: list[float]) -> float:
+    """Lag-1 autocorrelation of a series (0.0 for a constant one)."""
+    mean = sum(values) / len(values)
+    d = [v - mean for v in values]
+    den = sum(x * x for x in d)
+    return sum(a * b for a, b in zip(d, d[1:], strict=False)) / den if den > 0 else 0.0
+
+
+# The spread between paired blocks that their own rounds do not explain (each process's small speed offset
+# for its whole life): 1.26% over 77 A/A blocks of `compare` on the 2-core VM (docs/timing.md); the floor
+# blocks_interval puts under what a measurement's own blocks show.
+BLOCK_OFFSET_SD = 0.015
+
+
+def blocks_interval(
+    logs: list[float], ses: list[float], level: float = 0.95, offset_sd: float = BLOCK_OFFSET_SD
+) -> Ratio:
+    """B/A from blocks of paired rounds, each block a log ratio with its own standard error (from its rounds).
+
+    A random-effects mean (DerSimonian and Laird): each block weighs 1 / (se^2 + tau^2), tau^2 the spread
+    between blocks beyond their rounds, estimated from the blocks and never below offset_sd^2; the interval
+    is normal, exp(mean +- z * sqrt(1 / sum of weights)). A block's rounds (dozens) pin its standard error
+    down, so four blocks give an interval the t over four block values (3 degrees of freedom) cannot."""
+    k = len(logs)
+    if k < 2 or len(ses) != k:
+        raise ValueError(f"need two or more blocks, each with a standard error (have {k} and {len(ses)})")
+    if min(ses) <= 0:
+        raise ValueError("block standard errors must be positive")
+    w = [1.0 / (s * s) for s in ses]
+    sw = sum(w)
+    fixed = sum(wi * y for wi, y in zip(w, logs, strict=True)) / sw
+    q = sum(wi * (y - fixed) ** 2 for wi, y in zip(w, logs, strict=True))
+    tau2 = max((q - (k - 1)) / (sw - sum(x * x for x in w) / sw), offset_sd**2)
+    w = [1.0 / (s * s + tau2) for s in ses]
+    mean = sum(wi * y for wi, y in zip(w, logs, strict=True)) / sum(w)
+    half = NormalDist().inv_cdf((1.0 + level) / 2.0) * math.sqrt(1.0 / sum(w))
+    return Ratio(math.exp(mean), math.exp(mean - half), math.exp(mean + half), level, k, k)
+
+
 def _rank_sum_cdf(m: int, n: int) -> list[float]:
     """P(U <= u) for u = 0..m*n, U the Mann-Whitney statistic of m and n untied samples (exact)."""
     # counts[j][u]: orderings of i x's and j y's with u (x, y) pairs in which y comes first, for the current i.

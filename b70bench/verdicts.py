@@ -6,6 +6,7 @@ change of min_effect: more samples needed). They come from one of two rules:
 
 - paired (preferred): the commit's own B/A ratios to its git parent, one per block, B and A measured
   alternating in the same host window (asv figure `bench_decode.Decode.track_ratio_to_parent`), with
+  stats.blocks_interval where each block's standard error was recorded (`track_ratio_se_to_parent`), else
   stats.paired_interval. Host drift between blocks cancels inside each ratio.
 - walk (results without paired ratios): asv's step fit weights each point by the width of its own interval
   and is conservative about a one-commit final segment, so on a noisy host it neither names a real 5-10%
@@ -20,6 +21,7 @@ Pure logic, no asv import: b70bench.asv_plugin feeds it asv's result files at `a
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from b70bench import stats
@@ -49,6 +51,7 @@ class Point:
     minutes: float | None = None
     calls: int | None = None
     parent: str | None = None
+    ses: tuple[float, ...] = ()  # paired: each block's standard error of its log ratio, as samples are ordered
 
 
 @dataclass
@@ -98,12 +101,19 @@ def paired(
     """One verdict per commit with paired ratios, each against its own parent (not against a segment)."""
     out = []
     for p in sorted(points, key=lambda q: q.revision):
-        ratios = [s for s in p.samples if s is not None and s > 0]
+        with_se = len(p.ses) == len(p.samples) >= 3 and all(s is not None and s > 0 for s in p.ses)
+        kept = [
+            (r, e) for r, e in zip(p.samples, p.ses if with_se else [None] * len(p.samples), strict=True) if r and r > 0
+        ]
+        ratios = [r for r, _e in kept]
         reference = [p.parent] if p.parent else []
         if len(ratios) < 2:
             out.append(_too_few(p, reference, len(ratios), PAIRED, "paired block(s)"))
             continue
-        r = stats.paired_interval(ratios, level)
+        if with_se:
+            r = stats.blocks_interval([math.log(x) for x in ratios], [e for _r, e in kept], level)
+        else:
+            r = stats.paired_interval(ratios, level)
         d = r.decide(min_effect, floor)
         out.append(
             Verdict(

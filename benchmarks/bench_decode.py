@@ -124,6 +124,7 @@ def _paired_summary(shape: str, dev) -> dict:
         "kv_cache_tokens": b["kv_cache_tokens"],
         "gate": b["gate"],
         "ratio_to_parent": [] if withheld else res["block_ratios"],
+        "ratio_se_to_parent": [] if withheld else res["block_log_ses"],
         "minutes": res["minutes"],
         "calls": res["calls_per_side"],
         "cache_key": cachekey.from_decode_record(run),
@@ -196,6 +197,13 @@ class Decode:
         return _seconds(cache[shape].get("ratio_to_parent"))
 
     track_ratio_to_parent.unit = "ratio"
+
+    def track_ratio_se_to_parent(self, cache, shape):
+        """Each block's standard error of its log B/A, from its own rounds (same order as the ratios)."""
+        ses = cache[shape].get("ratio_se_to_parent") or []
+        return _seconds(ses if ses and all(s is not None for s in ses) else [])
+
+    track_ratio_se_to_parent.unit = "log ratio"
 
     def track_minutes(self, cache, shape):
         """Machine minutes the paired measurement took (more where it was undecided)."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import math
 import random
+import statistics
 
 import pytest
 
@@ -166,6 +167,53 @@ def test_paired_interval_covers_at_its_level():
         r = stats.paired_interval([1.08 * math.exp(rng.gauss(0.0, 0.02)) for _ in range(6)], 0.95)
         hits += r.lo <= 1.08 <= r.hi
     assert 0.93 <= hits / trials <= 0.97
+
+
+def test_winsorized_sd_pulls_the_ends_in():
+    values = [5.0, -100.0, 1.0, 2.0, 3.0, 4.0, 6.0, 7.0, 8.0, 100.0]
+    pulled = [5.0, 1.0, 1.0, 2.0, 3.0, 4.0, 6.0, 7.0, 8.0, 8.0]  # -100 -> 1, 100 -> 8 at 10%
+    assert stats.winsorized_sd(values, 0.1) == pytest.approx(statistics.stdev(pulled), rel=1e-12)
+    assert stats.winsorized_sd(values, 0.0) == pytest.approx(statistics.stdev(values), rel=1e-12)
+    assert stats.lag1_correlation([1.0, -1.0] * 20) == pytest.approx(-1.0, abs=0.03)
+    assert stats.lag1_correlation([3.0] * 5) == 0.0
+
+
+def test_blocks_interval_is_the_random_effects_mean_with_its_floor():
+    logs, ses = [0.05, 0.04, 0.06, 0.05], [0.02, 0.02, 0.04, 0.02]
+    r = stats.blocks_interval(logs, ses, 0.95, offset_sd=0.015)
+    # The blocks agree better than their rounds say: the spread between them is the floor.
+    w = [1.0 / (s * s + 0.015**2) for s in ses]
+    mean = sum(x * y for x, y in zip(w, logs, strict=True)) / sum(w)
+    half = 1.959963984540054 * math.sqrt(1.0 / sum(w))
+    assert r.ratio == pytest.approx(math.exp(mean), rel=1e-12)
+    assert (r.lo, r.hi) == pytest.approx((math.exp(mean - half), math.exp(mean + half)), rel=1e-12)
+    assert (r.level, r.n_a) == (0.95, 4)
+    # Blocks that disagree far beyond their rounds: the spread between them is estimated, the interval wider.
+    wide = stats.blocks_interval([0.10, -0.05, 0.12, -0.02], ses, 0.95, offset_sd=0.015)
+    assert math.log(wide.hi / wide.lo) > 2 * math.log(r.hi / r.lo)
+    with pytest.raises(ValueError):
+        stats.blocks_interval([0.01], [0.02])
+    with pytest.raises(ValueError):
+        stats.blocks_interval([0.01, 0.02], [0.02, 0.0])
+
+
+def test_blocks_interval_covers_at_its_level_and_beats_the_t_over_four_blocks():
+    """Four blocks whose rounds give each a 2.6% standard error (96 rounds here) and a 1.2% offset between
+    blocks (as measured on the VM): the interval holds the truth at least as often as it says; at the level of
+    one of `compare`'s four looks it is about half as wide as the t interval over the four block values (3
+    degrees of freedom)."""
+    rng = random.Random(11)
+    trials, hits, ratio_of_widths = 2000, 0, []
+    for _ in range(trials):
+        ses = [0.026 * math.exp(rng.gauss(0.0, 0.3)) for _ in range(4)]
+        logs = [math.log(1.05) + rng.gauss(0.0, math.hypot(s, 0.012)) for s in ses]
+        r = stats.blocks_interval(logs, ses, 0.95)
+        hits += r.lo <= 1.05 <= r.hi
+        look = stats.blocks_interval(logs, ses, 0.9875)
+        t = stats.paired_interval([math.exp(x) for x in logs], 0.9875)
+        ratio_of_widths.append(math.log(look.hi / look.lo) / math.log(t.hi / t.lo))
+    assert hits / trials >= 0.94
+    assert statistics.median(ratio_of_widths) < 0.6
 
 
 def test_paired_verdicts_each_against_its_parent():

@@ -41,6 +41,8 @@ DEFAULT_WARMUP_CALLS = 3
 DEFAULT_GAP_S = 0.02
 # The share of a block's round log ratios dropped from each end before their mean is taken.
 ROUND_TRIM = 0.1
+# Fewer rounds than this and a block's own standard error is too rough to lean on (estimate()).
+MIN_ROUNDS_FOR_SE = 24
 # A start is tens of seconds on the CPU default (import, compile, gate, warm-up); a call well under one.
 START_TIMEOUT_S = 600.0
 CALL_TIMEOUT_S = 120.0
@@ -297,10 +299,37 @@ def per_look_level(level: float, max_looks: int = 4) -> float:
     return 1.0 - (1.0 - level) / max_looks
 
 
+def block_ses(blocks: list[Block], normalise: bool = False) -> list[float | None]:
+    """Each block's standard error of its log B/A, from its own rounds: their winsorized spread (the block's
+    ratio is their trimmed mean), widened for the rounds' lag-1 correlation pooled over the blocks. None for
+    a block with fewer than MIN_ROUNDS_FOR_SE rounds, whose spread is too rough to lean on."""
+    rounds = [[math.log(r) for r in b.ratios(normalise)] for b in blocks]
+    enough = [x for x in rounds if len(x) >= MIN_ROUNDS_FOR_SE]
+    if not enough:
+        return [None] * len(blocks)
+    rho = min(max(statistics.mean(stats.lag1_correlation(x) for x in enough), 0.0), 0.5)
+    inflate = math.sqrt((1.0 + rho) / (1.0 - rho))
+    return [
+        stats.winsorized_sd(x, ROUND_TRIM) / ((1.0 - 2.0 * ROUND_TRIM) * math.sqrt(len(x))) * inflate
+        if len(x) >= MIN_ROUNDS_FOR_SE
+        else None
+        for x in rounds
+    ]
+
+
 def estimate(blocks: list[Block], level: float, normalise: bool = False):
-    """stats.Ratio of B/A over blocks (one value per block), or None with fewer than two good blocks."""
-    values = [r for b in blocks if b.error is None and (r := b.ratio(normalise)) is not None]
-    return stats.paired_interval(values, level) if len(values) >= 2 else None
+    """stats.Ratio of B/A over blocks, or None with fewer than two good blocks: stats.blocks_interval over
+    the blocks' log ratios and block_ses(); with two blocks (too few to see their spread beyond the rounds)
+    or where a block has too few rounds for its own standard error (the serve suite's few long rounds), the
+    t interval over the block values alone (stats.paired_interval)."""
+    good = [b for b in blocks if b.error is None and b.ratio(normalise) is not None]
+    if len(good) < 2:
+        return None
+    values = [b.ratio(normalise) for b in good]
+    ses = block_ses(good, normalise)
+    if len(good) < 3 or any(s is None or s <= 0 for s in ses):
+        return stats.paired_interval(values, level)
+    return stats.blocks_interval([math.log(v) for v in values], ses, level)
 
 
 def measure(
