@@ -300,6 +300,9 @@ def format_result(res: dict, labels: dict) -> list[str]:
 
 
 def _interrupt(signum, _frame) -> None:
+    # Once: a second SIGTERM (`timeout` forwards the one `pkill` also sent it) must not cut short the
+    # clean-up the first one started, or a server or engine is left running.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     raise KeyboardInterrupt(f"signal {signum}")
 
 

@@ -56,21 +56,11 @@ def from_decode(recs: list[dict]) -> list[dict]:
     return out
 
 
-# Serve figures exported per level, one record each (vLLM's names where `vllm bench serve` has them).
-SERVE_METRICS = (
-    ("median_ttft_ms", "ttft_s_median", 1e3),
-    ("median_tpot_ms", "tpot_s_median", 1e3),
-    ("median_itl_ms", "itl_s_median", 1e3),
-    ("median_e2el_ms", "e2e_s_median", 1e3),
-    ("p90_tpot_ms", "tpot_s_p90", 1e3),
-    ("output_throughput", "output_tok_per_s", 1.0),
-    ("request_throughput", "request_per_s", 1.0),
-    ("request_goodput", "goodput_request_per_s", 1.0),
-)
-
-
 def from_serve(starts: list[dict]) -> list[dict]:
-    """One record per (level, figure) over the starts that completed the level; failed gates left out."""
+    """One record per (level, figure) over the starts that completed the level, for each figure vLLM's
+    database has a name for (serve.suite.LEVEL_FIGURES); failed gates left out."""
+    from b70bench.serve.suite import LEVEL_FIGURES
+
     out = []
     kept = [s for s in starts if s.get("gate") != 1]
     if not kept:
@@ -88,7 +78,9 @@ def from_serve(starts: list[dict]) -> list[dict]:
             "cache_keys": sorted({k for s in kept for k in s.get("cache_keys") or []}),
             "slo": first.get("slo") or {},
         }
-        for metric, key, scale in SERVE_METRICS:
+        for _fig, metric, key, scale in LEVEL_FIGURES:
+            if metric is None:
+                continue
             values = [lv[key] * scale for lv in done if lv.get(key) is not None]
             if values:
                 out.append(record("b70bench serve", str(first.get("model")), metric, values, args, extra))

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import signal
 import subprocess
 import sys
 import tempfile
@@ -97,6 +98,8 @@ def main() -> int:
     p.add_argument("--out-dir", default=None, help="keep each compare's blocks here (default: a temp dir)")
     p.add_argument("--json", default=None, help="every compare's result")
     args = p.parse_args()
+    # SIGTERM (pkill, a timeout) unwinds like Ctrl-C, so the engines of the compare in flight are reaped.
+    signal.signal(signal.SIGTERM, compare._interrupt)
     text = synthetic.shipped_model_text()
     env = patches.Env()
     results = []

@@ -3,6 +3,7 @@
     python scripts/pair_analysis.py DIR [DIR ...]
     python scripts/pair_analysis.py --components DIR [DIR ...]
     python scripts/pair_analysis.py --redecide DIR [DIR ...]
+    python scripts/pair_analysis.py --rules DIR [DIR ...]
 
 Each DIR holds the blockNN.json files one `b70bench compare` (or one commit of the asv walk) wrote. Per DIR
 and per estimator, one B/A per block and the spread of those over blocks (what the verdict's interval is
@@ -19,6 +20,12 @@ what is left between blocks (a per-process offset), pooled over every DIR, each 
 - expected: what that alone gives a block's median of n rounds (1.2533 * within / sqrt(n));
 - observed: the spread of the block values; between: sqrt(observed^2 - expected^2), the offset of a block.
 A block of n rounds then spreads sqrt(between^2 + (1.2533 * within)^2 / n): what more rounds a block buy.
+
+--rules DIR... (A/A runs only) resamples their blocks, 8 at a time (seeded), and decides each set the way
+`compare` does (a look at 4 blocks, then at 8; each look at the per-look level of 95% or 99% over 4 looks) by
+two rules: the t interval over the block values, and decode.pair.estimate (each block with its own standard
+error). B's calls multiplied by 1.03, 1.05 or 1.08 turn the same blocks into slowdowns of known size: the
+share named slower is the power, at 1.00 the share named either way is the false-alarm rate.
 
 --redecide gives each DIR's verdict again from its recorded blocks with today's block estimator
 (decode.pair.Block.ratio) and `compare`'s defaults (95% over 4 looks, min effect 5%, floor 1%), at the first
@@ -123,10 +130,7 @@ def redecide(dirs: list[str]) -> None:
     print("| run | first look: B/A [interval] | verdict | all blocks: B/A [interval] | verdict | blocks |")
     print("|---|---|---|---|---|---|")
     for d in dirs:
-        blocks = []
-        for p in sorted(Path(d).glob("block[0-9][0-9].json")):
-            j = json.loads(p.read_text())
-            blocks.append(pair.Block(j["index"], j.get("calls") or [], j.get("starts") or {}, j["wall_s"], j["error"]))
+        blocks = load_blocks(d)
         cells = []
         for use in (blocks[:4], blocks):
             r = pair.estimate(use, level)
@@ -138,9 +142,62 @@ def redecide(dirs: list[str]) -> None:
         print(f"| {Path(d).name} | " + " | ".join(cells) + f" | {len(blocks)} |")
 
 
+def load_blocks(d: str):
+    from b70bench.decode import pair
+
+    out = []
+    for p in sorted(Path(d).glob("block[0-9][0-9].json")):
+        j = json.loads(p.read_text())
+        out.append(pair.Block(j["index"], j.get("calls") or [], j.get("starts") or {}, j["wall_s"], j["error"]))
+    return out
+
+
+def rules(dirs: list[str], sets: int = 600, seed: int = 3) -> None:
+    import random
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from b70bench import stats
+    from b70bench.decode import pair
+
+    pool = [b for d in dirs for b in load_blocks(d) if b.error is None and b.ratio() is not None]
+
+    def slowed(b, factor):
+        calls = [dict(c, latency_s=c["latency_s"] * (factor if c["side"] == "B" else 1.0)) for c in b.calls]
+        return pair.Block(b.index, calls, b.starts, b.wall_s, b.error)
+
+    def t_rule(blocks, level):
+        return stats.paired_interval([b.ratio() for b in blocks], level)
+
+    print(f"{len(pool)} A/A blocks from {len(dirs)} runs, {sets} resampled sets of 8 per row")
+    print("| overall level | rule | B/A | named slower | named faster | no change | undecided | mean blocks |")
+    print("|---|---|---|---|---|---|---|---|")
+    for overall in (0.95, 0.99):
+        level = pair.per_look_level(overall)
+        for name, rule in (("t over blocks", t_rule), ("blocks with their own se", pair.estimate)):
+            for factor in (1.0, 1.03, 1.05, 1.08):
+                rng = random.Random(seed)
+                count = {stats.SLOWER: 0, stats.FASTER: 0, stats.NO_CHANGE: 0, stats.UNDECIDED: 0}
+                used = 0
+                for _ in range(sets):
+                    chosen = [slowed(b, factor) for b in rng.sample(pool, 8)]
+                    for n in (4, 8):
+                        word = rule(chosen[:n], level).decide(stats.DEFAULT_MIN_EFFECT, stats.DEFAULT_FLOOR).word
+                        if word != stats.UNDECIDED or n == 8:
+                            break
+                    count[word] += 1
+                    used += n
+                share = {k: f"{v / sets:.3f}" for k, v in count.items()}
+                print(
+                    f"| {overall:.0%} | {name} | {factor:.2f} | {share[stats.SLOWER]} | {share[stats.FASTER]} | "
+                    f"{share[stats.NO_CHANGE]} | {share[stats.UNDECIDED]} | {used / sets:.1f} |"
+                )
+
+
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--components"]:
         components(sys.argv[2:])
+    elif sys.argv[1:2] == ["--rules"]:
+        rules(sys.argv[2:])
     elif sys.argv[1:2] == ["--redecide"]:
         redecide(sys.argv[2:])
     else:

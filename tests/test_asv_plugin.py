@@ -46,7 +46,16 @@ KEY = "bench_decode.Decode.track_aot_key_differs_from_pin"
 RATIO = "bench_decode.Decode.track_ratio_to_parent"
 MINUTES = "bench_decode.Decode.track_minutes"
 CALLS = "bench_decode.Decode.track_calls"
-UNITS = {SECONDS: "seconds", RATE: "tok/s", KEY: "changed", RATIO: "ratio", MINUTES: "minutes", CALLS: "calls"}
+RATIO_SE = "bench_decode.Decode.track_ratio_se_to_parent"
+UNITS = {
+    SECONDS: "seconds",
+    RATE: "tok/s",
+    KEY: "changed",
+    RATIO: "ratio",
+    RATIO_SE: "log ratio",
+    MINUTES: "minutes",
+    CALLS: "calls",
+}
 
 
 def bench(name: str, unit: str) -> dict:
@@ -105,8 +114,9 @@ def write_result(
 def project(tmp_path, levels, record_samples=True, interfered=None, paired=None, subjects=None, settings=None):
     """Six commits, their result files (8 starts each at START_CV around `levels`), `asv publish`.
 
-    paired: {commit index: (B/A blocks to the parent, machine minutes, calls a side)} written as the
-    track_ratio_to_parent / track_minutes / track_calls figures. Returns (html directory, commits)."""
+    paired: {commit index: (B/A blocks to the parent, machine minutes, calls a side[, each block's standard
+    error of its log ratio])} written as the track_ratio_to_parent / track_minutes / track_calls (and
+    track_ratio_se_to_parent) figures. Returns (html directory, commits)."""
     repo = tmp_path / "repo"
     repo.mkdir()
     git(repo, "init", "-q", "-b", "main")
@@ -129,8 +139,10 @@ def project(tmp_path, levels, record_samples=True, interfered=None, paired=None,
             samples[3] *= 12  # a start another process took: must not name this commit
         extra = None
         if paired and i in paired:
-            blocks, minutes, calls = paired[i]
+            blocks, minutes, calls, *ses = paired[i]
             extra = {RATIO: (stats.geomean(blocks), blocks), MINUTES: (minutes, None), CALLS: (calls, None)}
+            if ses:
+                extra[RATIO_SE] = (stats.geomean(ses[0]), ses[0])
         write_result(results / "box", c, 1_000 + i, samples, 1.0 if i >= 3 else 0.0, record_samples, extra)
     conf = {
         "version": 1,
@@ -269,3 +281,25 @@ def test_paired_ratios_decide_each_commit_against_its_parent(tmp_path):
     assert len(titles) == 5, titles  # every verdict, not only the slower one
     assert f"{SECONDS}('p128n128b1') at {commits[3][:8]} slow down the decode loop: slower" in titles, titles
     assert sum("no change beyond" in t for t in titles) == 3 and sum(": undecided: [" in t for t in titles) == 1
+
+
+def test_blocks_with_their_standard_errors_decide_where_four_block_values_cannot(tmp_path):
+    """Four blocks of a 6% slowdown whose rounds gave each a 1.5% standard error: with those recorded
+    (track_ratio_se_to_parent) the page names the commit; the same four ratios alone (a t interval with 3
+    degrees of freedom at 99%) leave it undecided. The no-op commit with standard errors is not named."""
+    ratios = [1.09, 1.035, 1.075, 1.04]
+    noop = [1.012, 0.991, 0.984, 1.006]
+    ses = [0.015] * 4
+    with_se = {3: (ratios, 4.0, 384, ses), 4: (noop, 4.1, 384, ses)}
+    (tmp_path / "se").mkdir()
+    (tmp_path / "bare").mkdir()
+    html, commits = project(tmp_path / "se", [1.0] * 6, paired=with_se, subjects=SUBJECTS)
+    rows = {v["commit"]: v for v in json.loads((html / "b70bench-verdicts.json").read_text())["verdicts"]}
+    assert rows[commits[3]]["verdict"] == stats.SLOWER and rows[commits[3]]["lo"] > 1.02, rows[commits[3]]
+    assert rows[commits[4]]["verdict"] not in (stats.SLOWER, stats.FASTER), rows[commits[4]]
+    assert named_commits(html).get(SECONDS) == {commits[3]}
+    assert RATIO_SE not in named_commits(html)  # the standard errors are no speed: withdrawn from asv's fit
+    bare = {3: (ratios, 4.0, 384), 4: (noop, 4.1, 384)}
+    html, commits = project(tmp_path / "bare", [1.0] * 6, paired=bare, subjects=SUBJECTS)
+    rows = {v["commit"]: v for v in json.loads((html / "b70bench-verdicts.json").read_text())["verdicts"]}
+    assert rows[commits[3]]["verdict"] == stats.UNDECIDED, rows[commits[3]]

@@ -197,3 +197,19 @@ def test_serve_sides_are_paired_servers_and_a_slower_one_is_named(env, tmp_path,
         for side in ("A", "B"):
             assert not runner.group_members(rec["starts"][side]["pid"])  # every server reaped
     assert fakedist.model_path(site).read_text() == fakedist.MODEL
+
+
+def test_a_second_sigterm_cannot_cut_the_clean_up_short():
+    """`timeout` forwards a TERM that `pkill` also sent the compare: the first unwinds (engines and servers
+    stopped in `finally`), the second must be ignored or it interrupts that clean-up and leaves one running."""
+    import signal
+
+    from b70bench import compare
+
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            compare._interrupt(signal.SIGTERM, None)
+        assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGTERM, before)

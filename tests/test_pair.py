@@ -127,7 +127,7 @@ def sim_engine(host: Host, effect: float):
     return SimEngine
 
 
-def simulate(seed: int, effect: float, budget_blocks: int = 16, hog: bool = True):
+def simulate(seed: int, effect: float, budget_blocks: int = 16, hog: bool = True, rounds: int = 40):
     rng = random.Random(seed)
     host = Host(rng, 200, 900) if hog else Host(rng)
     engine = sim_engine(host, effect)
@@ -137,7 +137,7 @@ def simulate(seed: int, effect: float, budget_blocks: int = 16, hog: bool = True
         now[0] += 60.0  # each block "takes" a minute
         dummy = {s: pair.Side(s, None, Path("/nonexistent")) for s in pair.SIDES}
         b = pair.run_block(
-            i, dummy, {}, {}, Path("/nonexistent"), rounds=40, warmup_calls=0, gap_s=0.0, engine_cls=engine
+            i, dummy, {}, {}, Path("/nonexistent"), rounds=rounds, warmup_calls=0, gap_s=0.0, engine_cls=engine
         )
         b.wall_s = 60.0
         return b
@@ -165,6 +165,17 @@ def test_an_8_percent_slowdown_is_named_in_every_seed_and_5_percent_in_most():
     assert all(r.decision.word == stats.SLOWER for r in eight), [r.text() for r in eight]
     five = [simulate(seed, 0.05) for seed in range(200, 220)]
     assert sum(r.decision.word == stats.SLOWER for r in five) >= 18, [r.text() for r in five]
+
+
+def test_each_blocks_own_standard_error_decides_8_percent_at_the_first_look():
+    """Four blocks: their rounds pin each block's standard error down, so the first look names 8% (the t over
+    four block values, 3 degrees of freedom, needed the second look or more for most seeds), and A/A pairs
+    under the hog are named no more often than the level allows (99% a look, two looks: about 2%)."""
+    eight = [simulate(seed, 0.08, rounds=96) for seed in range(300, 320)]
+    assert sum(r.decision.word == stats.SLOWER and r.looks == 1 for r in eight) >= 17, [r.text() for r in eight]
+    assert all(r.decision.word == stats.SLOWER for r in eight), [r.text() for r in eight]
+    same = [simulate(seed, 0.0, rounds=96) for seed in range(400, 440)]
+    assert sum(bool(r.decision and r.decision.named) for r in same) <= 2, [r.text() for r in same]
 
 
 def test_more_blocks_only_while_undecided():

@@ -20,20 +20,8 @@ from b70bench.errors import UsageError
 from b70bench.fingerprint import dist_version, fingerprint
 from b70bench.serve import server, suite
 
-# Per level over starts: the figure, its record key and its unit scale.
-FIGURES = (
-    ("ttft_ms", "ttft_s_median", 1e3),
-    ("tpot_ms", "tpot_s_median", 1e3),
-    ("itl_ms", "itl_s_median", 1e3),
-    ("e2e_ms", "e2e_s_median", 1e3),
-    ("tpot_p90_ms", "tpot_s_p90", 1e3),
-    ("output_tok_per_s", "output_tok_per_s", 1.0),
-    ("request_per_s", "request_per_s", 1.0),
-    ("goodput_request_per_s", "goodput_request_per_s", 1.0),
-    ("client_cpu_share", "client_cpu_share", 1.0),
-)
 # What the asv adapter keeps per level and start.
-LEVEL_KEYS = tuple(key for _fig, key, _scale in FIGURES)
+LEVEL_KEYS = tuple(key for _fig, _metric, key, _scale in suite.LEVEL_FIGURES)
 
 
 def _median(values):
@@ -72,7 +60,7 @@ def summarize(starts: list[dict]) -> list[dict]:
         row = {"level": name, "starts": len(done)}
         if name == "poisson":
             row["rate_per_s"] = _median([lv["rate"] for lv in done]) if done else None
-        for fig, key, scale in FIGURES:
+        for fig, _metric, key, scale in suite.LEVEL_FIGURES:
             values = [lv[key] * scale for lv in done if lv.get(key) is not None]
             row[fig] = _median(values) if values else None
         mine = [lv for s in starts for lv in s["levels"] if level_name(lv) == name]

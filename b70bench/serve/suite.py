@@ -45,6 +45,19 @@ METRIC_NAMES = (
     "vllm:prompt_tokens_total",
     "vllm:generation_tokens_total",
 )
+# A level's figures: the name tables and JSON use, vLLM's benchmark-database metric (None where vLLM has
+# none), the level record's key and its unit scale.
+LEVEL_FIGURES = (
+    ("ttft_ms", "median_ttft_ms", "ttft_s_median", 1e3),
+    ("tpot_ms", "median_tpot_ms", "tpot_s_median", 1e3),
+    ("itl_ms", "median_itl_ms", "itl_s_median", 1e3),
+    ("e2e_ms", "median_e2el_ms", "e2e_s_median", 1e3),
+    ("tpot_p90_ms", "p90_tpot_ms", "tpot_s_p90", 1e3),
+    ("output_tok_per_s", "output_throughput", "output_tok_per_s", 1.0),
+    ("request_per_s", "request_throughput", "request_per_s", 1.0),
+    ("goodput_request_per_s", "request_goodput", "goodput_request_per_s", 1.0),
+    ("client_cpu_share", None, "client_cpu_share", 1.0),
+)
 ARRIVAL_SEED = 7
 GATE_TIMEOUT_S = 120.0
 # Requests in flight at most in the open loop (beyond it arrivals queue in the client, which the TTFT then shows).
