@@ -44,13 +44,18 @@ def _shapes():
         return CPU_SHAPES
 
 
-def _starts() -> int:
-    text = os.environ.get("B70BENCH_DECODE_STARTS")
+def _whole(name: str, default: int, least: int, what: str) -> int:
+    """A whole-number setting from the environment, default when unset; a bad one skips with its fix."""
+    text = os.environ.get(name)
     if not text:
-        return decode.DEFAULT_STARTS
-    if not text.isdigit() or int(text) < 1:
-        raise NotImplementedError(f"B70BENCH_DECODE_STARTS={text!r}: set a whole number of starts >= 1")
+        return default
+    if not text.isdigit() or int(text) < least:
+        raise NotImplementedError(f"{name}={text!r}: set a whole number of {what} >= {least}")
     return int(text)
+
+
+def _starts() -> int:
+    return _whole("B70BENCH_DECODE_STARTS", decode.DEFAULT_STARTS, 1, "starts")
 
 
 def _paired(dev) -> bool:
@@ -75,12 +80,7 @@ def _budget_s() -> float:
 
 
 def _rounds() -> int:
-    text = os.environ.get("B70BENCH_DECODE_ROUNDS")
-    if not text:
-        return pair.DEFAULT_ROUNDS
-    if not text.isdigit() or int(text) < 4:
-        raise NotImplementedError(f"B70BENCH_DECODE_ROUNDS={text!r}: set a whole number of paired rounds >= 4")
-    return int(text)
+    return _whole("B70BENCH_DECODE_ROUNDS", pair.DEFAULT_ROUNDS, 4, "paired rounds")
 
 
 def _paired_summary(shape: str, dev) -> dict:
