@@ -62,14 +62,14 @@ AR_FIGURE = "bench_allreduce.Allreduce.track_time"
 # 4 products per layer and step: +20% (compare, 3 starts a side); 6 read 1.31-1.32 in CI walks after 16-24
 # slowdown products, 8 keep that margin over the heavier step behind SLOWDOWN_REPS.
 RUNNER_REPS = 8
-# In-graph products per decoder layer and step for the slowdown commit, and their size: ~1.2% each (five read
-# 6.8%, two 3.7%), so six are a slowdown under 10%. Three 64x64 read 14-19%.
+# In-graph products per decoder layer and step for the slowdown commit, and their size: a 16x16 product costs
+# ~1-1.5% of a step, so six make a slowdown under 10%, the size the verdicts must name (docs/patch-sets-and-asv.md).
 GRAPH_REPS = 6
 GRAPH_SIZE = 16
 # Minutes of paired measurement per commit at most; decided verdicts stop earlier. Six leave room for three
-# blocks of the slowdown commit on a slow host (the first compiles its new graph: 133 s, then 99-105 s).
+# blocks of the slowdown commit when the host is slow (its first block also compiles the new graph).
 WALK_BUDGET_MIN = 6
-# When the hog starts and stops, seconds into the measurement of the commits named in hog_schedule.
+# When the hog starts and stops, seconds into the measurement of the two commits given to Hog.
 HOG_DELAY_S = 45
 
 pytestmark = pytest.mark.slow
