@@ -33,6 +33,9 @@ DEFAULT_LEVEL = 0.95
 # The walk's (asv's) overall level: each of its 4 looks at 0.99, the level of the website's verdicts
 # (asv.conf.json "b70bench_verdicts"), which are read from the same block samples.
 WALK_LEVEL = 0.96
+# The walk's first look: a walk spends its budget on every commit, and on a slow host four blocks of 96 rounds
+# do not fit a few minutes; three, each with its own standard error, name 9% at the first look (tests/test_pair.py).
+WALK_FIRST_BLOCKS = 3
 DEFAULT_BUDGET_MIN = 10.0
 DEFAULT_SHAPE = "p128n128"
 

@@ -214,6 +214,9 @@ def lag1_correlation(values: list[float]) -> float:
 # for its whole life): 1.26% over 77 A/A blocks of `compare` on the 2-core VM (docs/timing.md); the floor
 # blocks_interval puts under what a measurement's own blocks show.
 BLOCK_OFFSET_SD = 0.015
+# With two blocks their spread says next to nothing about it: the floor is then the widest offset seen between
+# fresh pairs of identical engines (sd 1.7% over six pairs; the simulations in tests/test_pair.py use 2.1%).
+TWO_BLOCKS_OFFSET_SD = 0.021
 
 
 def blocks_interval(
@@ -224,7 +227,9 @@ def blocks_interval(
     A random-effects mean (DerSimonian and Laird): each block weighs 1 / (se^2 + tau^2), tau^2 the spread
     between blocks beyond their rounds, estimated from the blocks and never below offset_sd^2; the interval
     is normal, exp(mean +- z * sqrt(1 / sum of weights)). A block's rounds (dozens) pin its standard error
-    down, so four blocks give an interval the t over four block values (3 degrees of freedom) cannot."""
+    down, so four blocks give an interval the t over four block values (3 degrees of freedom) cannot. Two
+    blocks take the floor at least TWO_BLOCKS_OFFSET_SD (the t over two values, 1 degree of freedom, would be
+    25 times wider than z at 99%)."""
     k = len(logs)
     if k < 2 or len(ses) != k:
         raise ValueError(f"need two or more blocks, each with a standard error (have {k} and {len(ses)})")
@@ -234,7 +239,8 @@ def blocks_interval(
     sw = sum(w)
     fixed = sum(wi * y for wi, y in zip(w, logs, strict=True)) / sw
     q = sum(wi * (y - fixed) ** 2 for wi, y in zip(w, logs, strict=True))
-    tau2 = max((q - (k - 1)) / (sw - sum(x * x for x in w) / sw), offset_sd**2)
+    floor = offset_sd if k > 2 else max(offset_sd, TWO_BLOCKS_OFFSET_SD)
+    tau2 = max((q - (k - 1)) / (sw - sum(x * x for x in w) / sw), floor**2)
     w = [1.0 / (s * s + tau2) for s in ses]
     mean = sum(wi * y for wi, y in zip(w, logs, strict=True)) / sum(w)
     half = NormalDist().inv_cdf((1.0 + level) / 2.0) * math.sqrt(1.0 / sum(w))

@@ -101,7 +101,7 @@ def paired(
     """One verdict per commit with paired ratios, each against its own parent (not against a segment)."""
     out = []
     for p in sorted(points, key=lambda q: q.revision):
-        with_se = len(p.ses) == len(p.samples) >= 3 and all(s is not None and s > 0 for s in p.ses)
+        with_se = len(p.ses) == len(p.samples) >= 2 and all(s is not None and s > 0 for s in p.ses)
         kept = [
             (r, e) for r, e in zip(p.samples, p.ses if with_se else [None] * len(p.samples), strict=True) if r and r > 0
         ]

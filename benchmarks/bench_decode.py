@@ -97,6 +97,7 @@ def _paired_summary(shape: str, dev) -> dict:
         budget_s=_budget_s(),
         rounds=_rounds(),
         level=compare.WALK_LEVEL,
+        first_blocks=compare.WALK_FIRST_BLOCKS,
         cache_dir=compare.paired_cache_dir(),
     )
     b = res["sides"]["B"]

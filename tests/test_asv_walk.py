@@ -239,6 +239,17 @@ def regressions(html: Path) -> dict[str, list[tuple[str, str]]]:
     return out
 
 
+def table(commits: dict[str, str], rows: list[dict]) -> str:
+    """The page's verdicts on the speed figure, one short line per commit: what a failed assertion shows first
+    (pytest cuts long values in the middle)."""
+    names = {h: n for n, h in commits.items()}
+    return "\n".join(
+        f"{names.get(v['commit'], v['commit'][:12])}: {v['text']} ({v['n']} blocks, {v['minutes']} min)"
+        for v in rows
+        if v["benchmark"].split("(")[0] == SPEED_FIGURE
+    )
+
+
 PATCHES: dict[str, str] = {}
 
 
@@ -381,14 +392,15 @@ def test_asv_walk_over_patch_sets(tmp_path):
     if keep:  # before the assertions, so a failing walk leaves its evidence
         Path(keep).mkdir(parents=True, exist_ok=True)
         shutil.copy2(tmp_path / "summary.json", Path(keep) / "asv-walk-summary.json")
-    why = (found, verdicts["verdicts"], hog.events, log[-6000:])
+    # One string with real line breaks: a tuple's repr is one long line, which CI's summary folds and cuts.
+    why = "\n".join([table(commits, verdicts["verdicts"]), f"hog: {hog.events}", f"asv: {found}", log[-6000:]])
     assert [e[0] for e in hog.events] == ["hog started", "hog stopped"], why  # the drift really happened
     assert commits["cache-key"] in [bad for bad, _ in found.get(CACHE_KEY_FIGURE, [])], why
     assert commits["slowdown"] not in [bad for bad, _ in found.get(CACHE_KEY_FIGURE, [])], why
     slowed = {commits["moe-kernel"], commits["slowdown"]}
     assert slowed <= {bad for bad, _ in found.get(SPEED_FIGURE, [])}, why
     for figure in SPEED_FIGURES:  # neither the no-op commit nor the default-off branch, on any speed figure
-        assert {bad for bad, _ in found.get(figure, [])} <= slowed, (figure, *why)
+        assert {bad for bad, _ in found.get(figure, [])} <= slowed, f"{figure}\n{why}"
     mine = {v["commit"]: v for v in verdicts["verdicts"] if v["benchmark"].split("(")[0] == SPEED_FIGURE}
     assert {c for c, v in mine.items() if v["verdict"] == "slower"} == slowed, why
     for step in ("noop", "cache-key"):

@@ -22,7 +22,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import fakedist  # noqa: E402
 
-from b70bench import patches, stats  # noqa: E402
+from b70bench import compare, patches, stats  # noqa: E402
 from b70bench.decode import pair, runner  # noqa: E402
 
 TESTS = Path(__file__).resolve().parent
@@ -127,7 +127,7 @@ def sim_engine(host: Host, effect: float):
     return SimEngine
 
 
-def simulate(seed: int, effect: float, budget_blocks: int = 16, hog: bool = True, rounds: int = 40):
+def simulate(seed: int, effect: float, budget_blocks: int = 16, hog: bool = True, rounds: int = 40, first: int = 4):
     rng = random.Random(seed)
     host = Host(rng, 200, 900) if hog else Host(rng)
     engine = sim_engine(host, effect)
@@ -148,6 +148,7 @@ def simulate(seed: int, effect: float, budget_blocks: int = 16, hog: bool = True
         level=pair.per_look_level(0.96),
         min_effect=0.05,
         floor=0.01,
+        first_blocks=first,
         out=lambda _l: None,
         clock=lambda: now[0],
     )
@@ -178,6 +179,15 @@ def test_each_blocks_own_standard_error_decides_8_percent_at_the_first_look():
     assert sum(bool(r.decision and r.decision.named) for r in same) <= 2, [r.text() for r in same]
 
 
+def test_the_walks_first_look_at_three_blocks_names_9_percent_and_no_identical_pair():
+    """The walk's budget (four blocks here): its first look comes at compare.WALK_FIRST_BLOCKS."""
+    first = compare.WALK_FIRST_BLOCKS
+    nine = [simulate(seed, 0.09, budget_blocks=4, rounds=96, first=first) for seed in range(800, 830)]
+    assert sum(r.decision.word == stats.SLOWER and len(r.blocks) == first for r in nine) >= 28, [r.text() for r in nine]
+    same = [simulate(seed, 0.0, budget_blocks=4, rounds=96, first=first) for seed in range(900, 940)]
+    assert sum(bool(r.decision and r.decision.named) for r in same) <= 1, [r.text() for r in same]
+
+
 def test_more_blocks_only_while_undecided():
     easy = simulate(7, 0.30)
     assert easy.decision.word == stats.SLOWER and len(easy.blocks) == 4 and easy.looks == 1
@@ -187,3 +197,12 @@ def test_two_blocks_cannot_decide_5_percent():
     r = simulate(3, 0.05, budget_blocks=2)
     assert r.decision is not None and r.decision.word == stats.UNDECIDED, r.text()
     assert "budget" in r.text() and len(r.blocks) == 2
+
+
+def test_two_blocks_name_a_large_slowdown_and_no_identical_pair():
+    """A slow host's walk fits two blocks in its budget: their own standard errors (with the two-block floor
+    between them) still name a 30% slowdown, and A/A pairs under the hog stay unnamed."""
+    big = [simulate(seed, 0.30, budget_blocks=2, rounds=96) for seed in range(600, 620)]
+    assert all(r.decision.word == stats.SLOWER and len(r.blocks) == 2 for r in big), [r.text() for r in big]
+    same = [simulate(seed, 0.0, budget_blocks=2, rounds=96) for seed in range(700, 740)]
+    assert not any(r.decision.named for r in same), [r.text() for r in same]

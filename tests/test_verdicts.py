@@ -235,6 +235,18 @@ def test_paired_verdicts_each_against_its_parent():
     assert out[3].decision is None and "1 paired block" in out[3].text
 
 
+def test_two_paired_blocks_with_their_standard_errors_decide_a_large_change():
+    """The walk on a slow host fits two blocks: with their standard errors they name 1.32 (without, the t over
+    two values stays undecided) and leave 1.01 unnamed."""
+    big = verdicts.Point(1, "c1", (1.30, 1.34), parent="c0", ses=(0.02, 0.02))
+    same = verdicts.Point(2, "c2", (1.02, 1.00), parent="c1", ses=(0.02, 0.02))
+    bare = verdicts.Point(3, "c3", (1.30, 1.34), parent="c2")
+    out = verdicts.paired([big, same, bare])
+    assert [v.verdict for v in out] == [stats.SLOWER, stats.UNDECIDED, stats.UNDECIDED], [v.text for v in out]
+    floor = math.hypot(0.02, stats.TWO_BLOCKS_OFFSET_SD) / math.sqrt(2)
+    assert math.log(out[0].ratio.hi / out[0].ratio.lo) == pytest.approx(2 * 2.5758293035489 * floor, rel=1e-6)
+
+
 def history(rng, effects: list[float], n: int) -> list[verdicts.Point]:
     level, points = 1.0, []
     for i, e in enumerate(effects):

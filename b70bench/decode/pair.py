@@ -319,15 +319,16 @@ def block_ses(blocks: list[Block], normalise: bool = False) -> list[float | None
 
 def estimate(blocks: list[Block], level: float, normalise: bool = False):
     """stats.Ratio of B/A over blocks, or None with fewer than two good blocks: stats.blocks_interval over
-    the blocks' log ratios and block_ses(); with two blocks (too few to see their spread beyond the rounds)
-    or where a block has too few rounds for its own standard error (the serve suite's few long rounds), the
-    t interval over the block values alone (stats.paired_interval)."""
+    the blocks' log ratios and block_ses() (two blocks are enough: the spread between blocks is then its
+    floor, which the t over two block values, one degree of freedom, would make 30 times wider); where a
+    block has too few rounds for its own standard error (the serve suite's few long rounds), the t interval
+    over the block values alone (stats.paired_interval)."""
     good = [b for b in blocks if b.error is None and b.ratio(normalise) is not None]
     if len(good) < 2:
         return None
     values = [b.ratio(normalise) for b in good]
     ses = block_ses(good, normalise)
-    if len(good) < 3 or any(s is None or s <= 0 for s in ses):
+    if any(s is None or s <= 0 for s in ses):
         return stats.paired_interval(values, level)
     return stats.blocks_interval([math.log(v) for v in values], ses, level)
 
