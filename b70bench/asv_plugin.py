@@ -41,6 +41,7 @@ from b70bench import stats, verdicts
 DECIDED = (
     "bench_decode.Decode.track_s_per_output_token",
     "bench_decode.Decode.track_s_per_total_token",
+    "bench_serve.Serve.track_e2e_s",
     "bench_serve.Serve.track_tpot_s",
     "bench_serve.Serve.track_ttft_s",
 )

@@ -27,8 +27,8 @@ the slowdown's blocks (which on a slow host just fit the budget three times) are
 Asserted on the published site (b70bench.asv_plugin's verdicts for the decode speed figures, asv's
 step fit for the rest): slowdown and moe-kernel named slower on seconds per output token; noop and
 cache-key on no speed figure; cache-key named on the cache-key figure; `b70bench kernel-vs-model` flags
-moe-kernel and no other; at comm-clone the `vllm` allreduce at 8 B and 6 KiB slower and c10d within
-gloo's spread. The broken commit fails naming its patch; the environment's vLLM is RECORD-pristine after
+moe-kernel and no other; at comm-clone the `vllm` allreduce slower at two sizes of three (8 B, 6 KiB,
+1 MiB) and c10d at none. The broken commit fails naming its patch; the environment's vLLM is RECORD-pristine after
 a restore. Then Chromium (Debian's, scripts/install-chromium.sh) renders the regressions page from a
 localhost server (scripts/asv_site_offline.py points asv's CDN scripts at Debian's packaged copies).
 B70BENCH_KEEP_RESULTS=DIR copies the screenshot, a summary and the published site there.
@@ -442,29 +442,27 @@ def test_asv_walk_over_patch_sets(tmp_path):
     # bound is what kernel-vs-model itself needs (25% faster) with room, not the ideal third.
     assert moe_row["kernels"][f"{MOE_FIGURE}('vllm', 1)"]["ratio"] < 0.7, why
 
-    # The communicator commit: vLLM's allreduce slower at every size, c10d within its spread.
+    # The communicator commit: vLLM's allreduce slower, c10d not. Each commit's kernels run in their own asv
+    # processes minutes apart, so the host's state between them moves these figures too: vLLM's 8 B allreduce
+    # read 5.2-25 us within one commit's samples on a slow host (the clone adds ~1.3 us), gloo's c10d moved
+    # 0.5-1.7x between commits that do not touch it. Hence: the clone named at two sizes of three (its copy
+    # costs at every size), and c10d named slower at none (the clone cannot make it faster; a drift can).
     comm_row = next(r for r in rows if r["commit"] == commits["comm-clone"])
     from b70bench import kernel_vs_model, stats
 
     results = kernel_vs_model.read_results(tmp_path / "results")
     before, after = results[commits["cache-key"]], results[commits["comm-clone"]]
+    words = {}
     for size in (8, 6144, 1 << 20):
         for path in ("vllm", "c10d"):
             name = f"{AR_FIGURE}('{path}', 'in-place', {size})"
             r = stats.ratio_interval(before["samples"][name], after["samples"][name], 0.99)
-            summary.setdefault("comm_clone", {})[name] = [r.ratio, r.lo, r.hi]
-            # The clone's fixed cost: +27-48% at 8 B and 6 KiB in three walks, intervals a few % wide. At 1 MiB
-            # vLLM's shared-memory allreduce itself moves up to 1.3x between processes with nothing changed
-            # (103 -> 129 us across the slowdown commit), more than the clone costs there: recorded only.
-            if path == "vllm" and size < 1 << 20:
-                assert r.decide(floor=0.1).word == stats.SLOWER, (name, r, comm_row)
-    # gloo on 2 cores moves between processes by up to 1.6x at 8 B with nothing changed (0.55-2.26 interval
-    # ends seen), so "unchanged" can only be shown against that spread: the sizes' geometric mean.
-    c10d = [f"{AR_FIGURE}('c10d', 'in-place', {size})" for size in (8, 6144, 1 << 20)]
-    drift = stats.geomean([after["figures"][n] / before["figures"][n] for n in c10d])
-    summary["comm_clone_c10d_drift"] = drift
-    assert 1 / 1.6 < drift < 1.6, (drift, comm_row)
+            words[path, size] = r.decide(floor=0.1).word
+            summary.setdefault("comm_clone", {})[name] = [r.ratio, r.lo, r.hi, words[path, size]]
     (tmp_path / "summary.json").write_text(json.dumps(summary, indent=2))
+    named = [size for (path, size), w in words.items() if path == "vllm" and w == stats.SLOWER]
+    assert len(named) >= 2, (summary["comm_clone"], comm_row)
+    assert not [k for k, w in words.items() if k[0] == "c10d" and w == stats.SLOWER], (summary["comm_clone"], comm_row)
 
     # The website, in a real browser, from a real HTTP server.
     png = tmp_path / "asv-walk-regressions.png"
