@@ -127,7 +127,7 @@ def sim_engine(host: Host, effect: float):
     return SimEngine
 
 
-def simulate(seed: int, effect: float, budget_blocks: int = 16, hog: bool = True, rounds: int = 40, first: int = 4):
+def simulate(seed: int, effect: float, budget_blocks: float = 16, hog: bool = True, rounds: int = 40, first: int = 4):
     rng = random.Random(seed)
     host = Host(rng, 200, 900) if hog else Host(rng)
     engine = sim_engine(host, effect)
@@ -197,6 +197,13 @@ def test_two_blocks_cannot_decide_5_percent():
     r = simulate(3, 0.05, budget_blocks=2)
     assert r.decision is not None and r.decision.word == stats.UNDECIDED, r.text()
     assert "budget" in r.text() and len(r.blocks) == 2
+
+
+def test_the_second_block_starts_while_the_budget_is_not_spent():
+    """A budget of 1.5 blocks: the first block's cost would predict an overrun, but one block decides nothing."""
+    r = simulate(5, 0.30, budget_blocks=1.5, rounds=96)
+    assert len(r.blocks) == 2 and r.decision.word == stats.SLOWER, r.text()
+    assert len(simulate(5, 0.30, budget_blocks=0.9, rounds=96).blocks) == 1  # a spent budget still stops
 
 
 def test_two_blocks_name_a_large_slowdown_and_no_identical_pair():

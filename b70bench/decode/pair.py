@@ -371,8 +371,11 @@ def measure(
                 return Paired(blocks, None, None, per_look, looks, clock() - t0, reason)
             spent = clock() - t0
             # The next block costs about what the last one did (the first is slower: its compile caches are cold).
+            # One block decides nothing, so the second starts whenever the budget is not yet spent: the cold first
+            # block's cost would otherwise stop a slow host at one.
             per_block = b.wall_s
-            if spent + per_block > budget_s and len(blocks) < target:
+            over = spent >= budget_s if len(blocks) < 2 else spent + per_block > budget_s
+            if over and len(blocks) < target:
                 reason = f"the budget ({budget_s / 60:.1f} min) ran out after {len(blocks)} blocks"
                 break
         looks += 1
