@@ -407,7 +407,7 @@ def test_asv_walk_over_patch_sets(tmp_path):
         assert mine[commits[step]]["verdict"] in ("no change", "undecided"), why
         # The budget held: every block but the last started within it (a block under the hog takes ~5.5 min).
         v = mine[commits[step]]
-        assert v["minutes"] - v["minutes"] / max(v["n"] or 1, 1) <= WALK_BUDGET_MIN + 0.5, why
+        assert v["minutes"] - v["minutes"] / (v["n"] or 1) <= WALK_BUDGET_MIN + 0.5, why
 
     # kernel-vs-model over the same results: the MoE commit, and only it (the slowdown commit slowed
     # decode too, but no isolated figure moved there; at comm-clone an isolated figure got slower).

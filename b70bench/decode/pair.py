@@ -319,8 +319,8 @@ def block_ses(blocks: list[Block], normalise: bool = False) -> list[float | None
 
 def estimate(blocks: list[Block], level: float, normalise: bool = False):
     """stats.Ratio of B/A over blocks, or None with fewer than two good blocks: stats.blocks_interval over
-    the blocks' log ratios and block_ses() (two blocks are enough: the spread between blocks is then its
-    floor, which the t over two block values, one degree of freedom, would make 30 times wider); where a
+    the blocks' log ratios and block_ses() (two blocks are enough: stats.blocks_interval gives them the
+    two-block floor, where the t over two block values would be 25 times wider at 99%); where a
     block has too few rounds for its own standard error (the serve suite's few long rounds), the t interval
     over the block values alone (stats.paired_interval)."""
     good = [b for b in blocks if b.error is None and b.ratio(normalise) is not None]
