@@ -20,7 +20,7 @@ import re
 import sys
 from pathlib import Path
 
-from b70bench import records, state, stats
+from b70bench import records, state, stats, verdicts
 from b70bench.errors import UsageError
 
 # Time figures of the isolated suites (bandwidths read the other way round, so they are left out)...
@@ -30,8 +30,10 @@ KERNEL_RE = r"^bench_(moe_down|allreduce)\.\w+\.track_(time|latency)\b"
 EXCLUDE_RE = r"\('(reference|torch-int4|c10d|raw)'"
 MODEL_RE = r"\.track_s_per_output_token$"
 # Where the walk measured decode paired with each commit's parent, the same figure's verdict comes from these
-# ratios (the website's verdict), not from comparing two commits' samples taken minutes apart.
+# ratios and their blocks' standard errors, read by the website's own rule (verdicts.paired), not from
+# comparing two commits' samples taken minutes apart.
 PAIRED_FIGURE = ("track_s_per_output_token", "track_ratio_to_parent")
+PAIRED_SE_FIGURE = ("track_s_per_output_token", "track_ratio_se_to_parent")
 # An isolated suite varies more between processes than decode's per-start samples say about decode
 # (vLLM's shared-memory allreduce on a 2-core CPU: +-15% from run to run), so a kernel counts as
 # faster only when its time fell by this much (ratio <= 1 / (1 + effect)).
@@ -116,16 +118,21 @@ def _change(value: float, samples, prev: tuple | None, tolerance: float, level: 
     return out
 
 
-def _paired_change(value: float, ratios: list[float], tolerance: float, level: float) -> dict:
-    """A decode figure's change read from its paired B/A ratios to the parent (stats.paired_interval)."""
-    r = stats.paired_interval(ratios, level)
-    d = r.decide(max(tolerance, stats.DEFAULT_MIN_EFFECT), tolerance)
+def _paired_change(value: float, ratios: list[float], ses: list[float] | None, tolerance: float, level: float) -> dict:
+    """A decode figure's change read from its paired B/A ratios to the parent, as the regressions page reads
+    them (verdicts.paired: blocks with their own standard errors where recorded, so two blocks can decide)."""
+    v = verdicts.paired(
+        [verdicts.Point(0, "", tuple(ratios), ses=tuple(ses or ()))],
+        level,
+        max(tolerance, stats.DEFAULT_MIN_EFFECT),
+        tolerance,
+    )[0]
     return {
         "value": value,
-        "ratio": r.ratio,
-        "interval": [r.lo, r.hi],
-        "verdict": d.word,
-        "text": d.text,
+        "ratio": v.ratio.ratio if v.ratio else None,
+        "interval": [v.ratio.lo, v.ratio.hi] if v.ratio else None,
+        "verdict": v.verdict,
+        "text": v.text,
         "paired": True,
     }
 
@@ -167,7 +174,8 @@ def compare(
             earlier = last.get(name, [])
             paired = samples.get(name.replace(*PAIRED_FIGURE)) if group == "model" else None
             if paired and len(paired) >= 2:
-                change = _paired_change(value, paired, effect, level)
+                ses = samples.get(name.replace(*PAIRED_SE_FIGURE))
+                change = _paired_change(value, paired, ses, effect, level)
             else:
                 change = _change(value, samples.get(name), earlier[-1] if earlier else None, effect, level)
             if group == "kernels" and change["verdict"] == stats.FASTER:

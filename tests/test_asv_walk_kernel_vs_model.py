@@ -248,3 +248,32 @@ def test_decode_measured_against_the_parent_decides_from_its_paired_ratios():
     assert rows[2]["model"][dec]["interval"][0] > 1.15
     no_pairs = {c: {**v, "samples": {k: s for k, s in v["samples"].items() if k != ratio}} for c, v in results.items()}
     assert not kvm.compare(no_pairs)[2]["flag"]  # without the ratios, four samples a side decide nothing
+
+
+def test_two_paired_blocks_decide_as_the_regressions_page_does():
+    """A walk on a slow host fits two blocks into a commit's budget. With each block's standard error recorded,
+    kernel-vs-model reads them by the page's own rule (verdicts.paired): a 1.3x decode slowdown is named, as on
+    the page, and a paired no-op beside it is not; the t over two block values alone (1 degree of freedom)
+    cannot name even that."""
+    from b70bench import verdicts
+
+    dec = "bench_decode.Decode.track_s_per_output_token('p128n128b1')"
+    ratio = "bench_decode.Decode.track_ratio_to_parent('p128n128b1')"
+    se = "bench_decode.Decode.track_ratio_se_to_parent('p128n128b1')"
+    moe = "bench_moe_down.MoeDown.track_time('vllm', 1)"
+    blocks = {"b": ([1.02, 0.985], [0.012, 0.014]), "c": ([1.31, 1.27], [0.012, 0.014])}
+    results = {"a": {"date": 1, "figures": {dec: 1e-3, moe: 3e-3}, "samples": {moe: [3e-3] * 5}}}
+    results["b"] = {"date": 2, "figures": {dec: 1e-3, moe: 3e-3}, "samples": {moe: [3e-3] * 5}}
+    results["c"] = {"date": 3, "figures": {dec: 1.3e-3, moe: 1e-3}, "samples": {moe: [1e-3] * 5}}
+    for c, (ratios, ses) in blocks.items():
+        results[c]["samples"].update({ratio: ratios, se: ses})
+    rows = kvm.compare(results)
+    page = {
+        c: verdicts.paired([verdicts.Point(0, c, tuple(r), ses=tuple(s))], kvm.LEVEL, 0.05, 0.03)[0].verdict
+        for c, (r, s) in blocks.items()
+    }
+    assert page == {"b": stats.NO_CHANGE, "c": stats.SLOWER}, page
+    assert [r["model"].get(dec, {}).get("verdict") for r in rows[1:]] == [page["b"], page["c"]], rows
+    assert [r["flag"] for r in rows] == [False, False, True], rows
+    no_ses = {c: {**v, "samples": {k: s for k, s in v["samples"].items() if k != se}} for c, v in results.items()}
+    assert kvm.compare(no_ses)[2]["model"][dec]["verdict"] == stats.UNDECIDED
