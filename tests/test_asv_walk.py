@@ -17,7 +17,7 @@ History (each commit's patches/series stacked on the previous; b70bench.patches.
 
 Decode is walked the documented way: each commit against its parent, both engines alive together and
 calls alternating (compare.against_parent, in the asv adapter), blocks until decided or the per-commit
-budget (WALK_BUDGET_MIN) is spent, with compare's own rounds a block. The broken commit fails at install;
+budget (WALK_BUDGET_MIN) is spent, WALK_ROUNDS rounds a block. The broken commit fails at install;
 cache-key is then measured against noop (its nearest ancestor that installs). comm-clone gets no decode run
 (nothing for decode to see at TP 1; the slowdown commit is paired against it directly). Halfway, a CPU hog
 (a busy loop at nice 10) runs beside the engines: started 45 s into noop's measurement and stopped by PID 45 s
@@ -66,10 +66,12 @@ RUNNER_REPS = 8
 # ~1-1.5% of a step, so six make a slowdown under 10%, the size the verdicts must name (docs/patch-sets-and-asv.md).
 GRAPH_REPS = 6
 GRAPH_SIZE = 16
-# Minutes of paired measurement per commit at most; decided verdicts stop earlier. Four fit three blocks when
-# the host is fast and two when it is slow (the second starts whenever the budget is not spent): two blocks with
-# their own standard errors name ~9%, and the four decoded commits keep CI under 40 minutes.
+# Minutes of paired measurement per commit at most (no block starts after them; decided verdicts stop earlier),
+# and rounds a block. The slowdown's blocks differ by 3-5% between process pairs (more than an A/A pair's), so
+# two blocks can leave ~9% undecided ([0.966, 1.219] from blocks of 1.038 and 1.136): blocks of 64 rounds let
+# the first look's three blocks start within 4 minutes on a slow host, where blocks of 96 fitted two.
 WALK_BUDGET_MIN = 4
+WALK_ROUNDS = 64
 # When the hog starts and stops, seconds into the measurement of the two commits given to Hog.
 HOG_DELAY_S = 45
 
@@ -256,7 +258,7 @@ def block_starts_s(cache: Path, commit: str) -> list[float]:
     the measurement wrote (each block's wall time; blocks run one after another)."""
     out = []
     for shape in sorted((cache / "asv-paired" / commit[:12]).iterdir()):
-        walls = [json.loads(f.read_text())["wall_s"] for f in sorted(shape.glob("block*.json"))]
+        walls = [json.loads(f.read_text())["wall_s"] for f in sorted(shape.glob("block[0-9][0-9].json"))]
         out += [sum(walls[:i]) for i in range(len(walls))]
     return out
 
@@ -338,6 +340,7 @@ def test_asv_walk_over_patch_sets(tmp_path):
             timeout=2400,
             B70BENCH_CACHE=str(cache),
             B70BENCH_DECODE_BUDGET_MIN=str(WALK_BUDGET_MIN),
+            B70BENCH_DECODE_ROUNDS=str(WALK_ROUNDS),
         )
     # The isolated suites over the commits around the communicator and MoE patches (and the slowdown,
     # where nothing isolated moved): the `vllm` moe-down variant, the c10d and vllm allreduce paths.

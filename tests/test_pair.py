@@ -194,7 +194,7 @@ def test_more_blocks_only_while_undecided():
 
 
 def test_two_blocks_cannot_decide_5_percent():
-    r = simulate(3, 0.05, budget_blocks=2)
+    r = simulate(3, 0.05, budget_blocks=1.9)
     assert r.decision is not None and r.decision.word == stats.UNDECIDED, r.text()
     assert "budget" in r.text() and len(r.blocks) == 2
 
@@ -206,10 +206,20 @@ def test_the_second_block_starts_while_the_budget_is_not_spent():
     assert len(simulate(5, 0.30, budget_blocks=0.9, rounds=96).blocks) == 1  # a spent budget still stops
 
 
+def test_the_first_looks_blocks_start_while_the_budget_is_not_spent():
+    """A budget of 2.5 blocks and a first look at 3: the third block starts (the budget is not spent after two)
+    though it ends past the budget; no block after the first look starts without room for it."""
+    r = simulate(5, 0.0, budget_blocks=2.5, rounds=96, first=3)
+    assert len(r.blocks) == 3, r.text()
+    assert len(simulate(5, 0.0, budget_blocks=1.9, rounds=96, first=3).blocks) == 2
+    wide = simulate(11, 0.0, budget_blocks=3.5, rounds=8, first=3)  # 8 rounds a block: the first look is undecided
+    assert wide.decision.word == stats.UNDECIDED and len(wide.blocks) == 3, wide.text()
+
+
 def test_two_blocks_name_a_large_slowdown_and_no_identical_pair():
     """A slow host's walk fits two blocks in its budget: their own standard errors (with the two-block floor
     between them) still name a 30% slowdown, and A/A pairs under the hog stay unnamed."""
-    big = [simulate(seed, 0.30, budget_blocks=2, rounds=96) for seed in range(600, 620)]
+    big = [simulate(seed, 0.30, budget_blocks=1.9, rounds=96) for seed in range(600, 620)]
     assert all(r.decision.word == stats.SLOWER and len(r.blocks) == 2 for r in big), [r.text() for r in big]
-    same = [simulate(seed, 0.0, budget_blocks=2, rounds=96) for seed in range(700, 740)]
+    same = [simulate(seed, 0.0, budget_blocks=1.9, rounds=96) for seed in range(700, 740)]
     assert not any(r.decision.named for r in same), [r.text() for r in same]

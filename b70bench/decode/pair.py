@@ -370,11 +370,13 @@ def measure(
                 reason = f"every block failed; the last: {b.error}"
                 return Paired(blocks, None, None, per_look, looks, clock() - t0, reason)
             spent = clock() - t0
-            # The next block costs about what the last one did (the first is slower: its compile caches are cold).
-            # One block decides nothing, so the second starts whenever the budget is not yet spent: the cold first
-            # block's cost would otherwise stop a slow host at one.
+            # The blocks of the first look are the fewest a verdict is read from, so each starts whenever the budget
+            # is not yet spent (the budget then runs over by one block at most): predicting from the cold first
+            # block's cost had stopped a slow host at one block, and two blocks whose process pairs disagree by a
+            # few percent leave even a 9% slowdown undecided. Later blocks start only where the next (costing about
+            # what the last one did) still fits.
             per_block = b.wall_s
-            over = spent >= budget_s if len(blocks) < 2 else spent + per_block > budget_s
+            over = spent >= budget_s if looks == 0 else spent + per_block > budget_s
             if over and len(blocks) < target:
                 reason = f"the budget ({budget_s / 60:.1f} min) ran out after {len(blocks)} blocks"
                 break
