@@ -140,6 +140,9 @@ def compare_series(
     if backend == "cpu":
         for k, v in CPU_ENGINE_ENV.items():
             base.setdefault(k, v)
+        cpus = pair.engine_cpus(base)
+        if cpus is not None:
+            base["B70BENCH_ENGINE_CPUS"] = cpus
     base = environment.engine_env(backend, base, None)
     tokens = spec.get("batch", 1) * spec.get("output_len", 1)
 

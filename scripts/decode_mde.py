@@ -9,6 +9,7 @@ never imports for this model, `same` the identical series. `--hog` starts a CPU 
 HOG_AFTER_S into every compare and stops it by PID HOG_FOR_S later: drift injected mid-measurement.
 Every compare is a real `compare.compare_series` on this interpreter's environment (nothing is applied
 to it). Prints one row per compare: verdict, ratio and interval, blocks, calls, minutes, whether the hog ran.
+`--pins last none` runs each compare once per engine placement (B70BENCH_PAIR_CPUS, pair.engine_cpus), in turn.
 
     python scripts/decode_mde.py --pairs same noop graph:1 graph:2 --repeats 2 --budget 10 --hog --json mde.json
 """
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -29,6 +31,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from b70bench import compare, patches, stats  # noqa: E402
+from b70bench.decode import pair as pairing  # noqa: E402
 from b70bench.patches import synthetic  # noqa: E402
 
 HOG_AFTER_S, HOG_FOR_S = 60.0, 120.0
@@ -87,6 +90,10 @@ class Hog:
         self.stop()
 
 
+def pair_cpus() -> str:
+    return pairing.engine_cpus(dict(os.environ)) or "none"
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--pairs", nargs="+", default=["same", "noop", "graph:1", "graph:2"])
@@ -97,20 +104,25 @@ def main() -> int:
     p.add_argument("--hog", action="store_true", help="inject a CPU hog mid-run in every compare")
     p.add_argument("--out-dir", default=None, help="keep each compare's blocks here (default: a temp dir)")
     p.add_argument("--json", default=None, help="every compare's result")
+    p.add_argument(
+        "--pins", nargs="+", default=[None], help="engine placements to run in turn: last, none, or cores (e.g. 0)"
+    )
     args = p.parse_args()
     # SIGTERM (pkill, a timeout) unwinds like Ctrl-C, so the engines of the compare in flight are reaped.
     signal.signal(signal.SIGTERM, compare._interrupt)
     text = synthetic.shipped_model_text()
     env = patches.Env()
     results = []
-    print("| pair | hog | verdict | B/A [interval] | blocks | calls a side | minutes |")
-    print("|---|---|---|---|---|---|---|")
+    print("| pair | pin | hog | verdict | B/A [interval] | blocks | calls a side | minutes |")
+    print("|---|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory(prefix="b70bench-mde-") as tmp:
         root = Path(args.out_dir) if args.out_dir else Path(tmp)
         base = synthetic.write_series(Path(tmp) / "base", {})
         dirs = {pair: series_for(pair, Path(tmp), text) for pair in args.pairs}
         for rep in range(args.repeats):
-            for pair in args.pairs:
+            for pair, pin in [(pair, pin) for pair in args.pairs for pin in args.pins]:
+                if pin is not None:
+                    os.environ["B70BENCH_PAIR_CPUS"] = pin
                 out_dir = root / f"{pair.replace(':', '-')}-{rep}-{time.strftime('%H%M%S')}"
                 with Hog() if args.hog else contextlib.nullcontext() as hog:
                     res = compare.compare_series(
@@ -123,13 +135,13 @@ def main() -> int:
                         cache_dir=compare.paired_cache_dir(),
                         out=lambda _line: None,
                     )
-                res.update(pair=pair, hog=bool(getattr(hog, "ran", False)), out_dir=str(out_dir))
+                res.update(pair=pair, pin=pair_cpus(), hog=bool(getattr(hog, "ran", False)), out_dir=str(out_dir))
                 res.pop("block_records", None)
                 results.append(res)
                 interval = f"{res['ratio']:.3f} [{res['lo']:.3f}, {res['hi']:.3f}]" if res["ratio"] else "-"
                 print(
-                    f"| {pair} | {'yes' if res['hog'] else 'no'} | {res['text']} | {interval} | {res['blocks']} | "
-                    f"{res['calls_per_side']} | {res['minutes']:.1f} |",
+                    f"| {pair} | {res['pin']} | {'yes' if res['hog'] else 'no'} | {res['text']} | {interval} | "
+                    f"{res['blocks']} | {res['calls_per_side']} | {res['minutes']:.1f} |",
                     flush=True,
                 )
                 if args.json:

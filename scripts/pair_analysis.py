@@ -4,6 +4,7 @@
     python scripts/pair_analysis.py --components DIR [DIR ...]
     python scripts/pair_analysis.py --redecide DIR [DIR ...]
     python scripts/pair_analysis.py --rules DIR [DIR ...]
+    python scripts/pair_analysis.py --cores DIR [DIR ...]
 
 Each DIR holds the blockNN.json files one `b70bench compare` (or one commit of the asv walk) wrote. Per DIR
 and per estimator, one B/A per block and the spread of those over blocks (what the verdict's interval is
@@ -26,6 +27,11 @@ A block of n rounds then spreads sqrt(between^2 + (1.2533 * within)^2 / n): what
 two rules: the t interval over the block values, and decode.pair.estimate (each block with its own standard
 error). B's calls multiplied by 1.03, 1.05 or 1.08 turn the same blocks into slowdowns of known size: the
 share named slower is the power, at 1.00 the share named either way is the false-alarm rate.
+
+--cores DIR... (blocks that recorded each call's core, "cpu") puts each block's B/A beside where its calls ran:
+the share of rounds whose two calls ran on the same core, and the B/A of those rounds against the others.
+Pinned engines (pair.engine_cpus) run every call on one core; unpinned, a side that keeps landing on the core
+something else uses reads slower for the whole block.
 
 --redecide gives each DIR's verdict again from its recorded blocks with today's block estimator
 (decode.pair.Block.ratio) and `compare`'s defaults (95% over 4 looks, min effect 5%, floor 1%), at the first
@@ -80,6 +86,25 @@ def main(dirs: list[str]) -> None:
                 f"| {Path(d).name} | {len(vals)} | {n_rounds} | {name} | {gm:.3f} | {sd:.1%} | "
                 + ", ".join(f"{v:.3f}" for v in vals)
                 + " |"
+            )
+
+
+def cores(dirs: list[str]) -> None:
+    gm = lambda xs: math.exp(statistics.mean(math.log(x) for x in xs)) if xs else float("nan")  # noqa: E731
+    print("| run | block | B/A | cores of A | cores of B | rounds on one core | B/A there | B/A elsewhere |")
+    print("|---|---|---|---|---|---|---|---|")
+    for d in dirs:
+        for p in sorted(Path(d).glob("block[0-9][0-9].json")):
+            b = json.loads(p.read_text())
+            rs = [(a, y) for a, y in rounds(b) if a.get("cpu") is not None and y.get("cpu") is not None]
+            if not rs:
+                continue
+            same = [y["latency_s"] / a["latency_s"] for a, y in rs if a["cpu"] == y["cpu"]]
+            other = [y["latency_s"] / a["latency_s"] for a, y in rs if a["cpu"] != y["cpu"]]
+            where = {s: sorted({c["cpu"] for c in b["calls"] if c["side"] == s}) for s in "AB"}
+            print(
+                f"| {Path(d).name} | {b['index']} | {b['ratio']:.3f} | {where['A']} | {where['B']} | "
+                f"{len(same) / len(rs):.0%} | {gm(same):.3f} | {gm(other):.3f} |"
             )
 
 
@@ -198,6 +223,8 @@ if __name__ == "__main__":
         components(sys.argv[2:])
     elif sys.argv[1:2] == ["--rules"]:
         rules(sys.argv[2:])
+    elif sys.argv[1:2] == ["--cores"]:
+        cores(sys.argv[2:])
     elif sys.argv[1:2] == ["--redecide"]:
         redecide(sys.argv[2:])
     else:

@@ -11,11 +11,14 @@ import signal
 import subprocess
 import sys
 
+from b70bench.decode.live import last_cpu, pin_from_env
+
 
 def main(argv):
     with open(argv[1]) as f:
         spec = json.load(f)
     out = os.fdopen(int(argv[2]), "w", buffering=1)
+    pin_from_env()  # as the real engine does, so the tests see where compare put it
 
     def reply(obj):
         out.write(json.dumps(obj) + "\n")
@@ -39,7 +42,7 @@ def main(argv):
             if spec.get("die_at_call") == n:
                 os.kill(os.getpid(), signal.SIGKILL)
             latency = 0.1 * (1.1 if slow else 1.0) * (1 + 0.01 * (n % 3))
-            reply({"probe_s": 0.01, "latency_s": latency, "tokens": 128})
+            reply({"probe_s": 0.01, "latency_s": latency, "tokens": 128, "cpu": last_cpu()})
         elif line.strip() == "stop":
             reply({"stopped": True})
             return 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -72,6 +73,25 @@ def test_a_slower_series_is_named_and_the_environment_is_never_touched(env, tmp_
     assert res["blocks"] == 4 and res["calls_per_side"] == 24 and res["minutes"] > 0
     assert fakedist.model_path(site).read_text() == fakedist.MODEL
     assert patches.read_journal(walker.env) is None
+
+
+@pytest.mark.parametrize("want", ["last", "first", "none"])
+def test_both_engines_run_on_the_core_compare_pins_them_to(env, tmp_path, monkeypatch, want):
+    walker, repo, site, _stale, empty = env
+    cpus = sorted(os.sched_getaffinity(0))
+    monkeypatch.setenv("B70BENCH_PAIR_CPUS", str(cpus[0]) if want == "first" else want)
+    fake_compare(walker, site, {"A": empty, "B": repo / "patches"}, tmp_path, monkeypatch)
+    calls = [
+        c for f in sorted((tmp_path / "out").glob("block[0-9][0-9].json")) for c in json.loads(f.read_text())["calls"]
+    ]
+    assert calls and {c["side"] for c in calls} == {"A", "B"}
+    where = {c["cpu"] for c in calls}
+    if want == "last":
+        assert where == {cpus[-1]}
+    elif want == "first":
+        assert where == {cpus[0]}
+    else:
+        assert None not in where  # unpinned: recorded, wherever the scheduler put it
 
 
 def test_identical_series_say_no_change_beyond_a_bound(env, tmp_path, monkeypatch):

@@ -4,12 +4,16 @@ Started by b70bench.pair in its own process group. It starts like child.py (engi
 and then answers commands read from stdin, one JSON line each, written to file descriptor FD (vLLM's
 own output goes to the log on stdout/stderr, so the two never mix):
 
-    call  -> the host probe, then one timed LLM.generate of the shape: {"probe_s", "latency_s", "tokens"}
+    call  -> the host probe, then one timed LLM.generate of the shape: {"probe_s", "latency_s", "tokens",
+             "cpu"} (the core the engine's thread last ran on)
     stop  -> exits
 
 The first line on FD is the start's result (gate hash, start time) with "ready": true, or
 "ok": false and the error. Two of these, each importing its own patched vLLM (patches.overlay),
 alternate calls so both sides are timed in the same seconds of the host.
+
+B70BENCH_ENGINE_CPUS (e.g. "1" or "2,3") pins the engine to those cores before torch is imported, so
+both sides of a pair run on the same cores (pair.engine_cpus).
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ def serve(spec: dict, reply) -> None:
             outs = llm.generate(tprompts, sp, use_tqdm=False)
             latency = time.perf_counter() - t0
             tokens = sum(len(o.outputs[0].token_ids) for o in outs)
-            reply({"probe_s": probe, "latency_s": latency, "tokens": tokens})
+            reply({"probe_s": probe, "latency_s": latency, "tokens": tokens, "cpu": last_cpu()})
         elif cmd == "stop":
             mem, scope = peak_memory()
             reply({"stopped": True, "peak_memory_bytes": mem, "peak_memory_scope": scope})
@@ -46,9 +50,26 @@ def serve(spec: dict, reply) -> None:
             reply({"ok": False, "error": f"unknown command {cmd!r}"})
 
 
+def last_cpu() -> int | None:
+    """The core this process's main thread last ran on (/proc/self/stat field 39); None off Linux."""
+    try:
+        with open("/proc/self/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[36])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def pin_from_env() -> None:
+    """Pin to B70BENCH_ENGINE_CPUS; before torch starts its thread pool, which sizes itself to the mask."""
+    cpus = os.environ.get("B70BENCH_ENGINE_CPUS")
+    if cpus and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {int(c) for c in cpus.split(",")})
+
+
 def main(argv: list[str]) -> int:
     with open(argv[1]) as f:
         spec = json.load(f)
+    pin_from_env()
     out = os.fdopen(int(argv[2]), "w", buffering=1)
 
     def reply(obj: dict) -> None:

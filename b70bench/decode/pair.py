@@ -48,6 +48,25 @@ START_TIMEOUT_S = 600.0
 CALL_TIMEOUT_S = 120.0
 
 
+DEFAULT_PAIR_CPUS = "none"
+
+
+def engine_cpus(env: dict) -> str | None:
+    """The cores both engines of a pair are pinned to (B70BENCH_ENGINE_CPUS for decode.live), or None.
+
+    Unpinned, the two engines' threads land on whichever cores the scheduler picks, and a core shared with
+    something else (another tenant's work, a hog) slows the side that runs there for the whole block: one
+    block of identical sides then reads B/A 1.10. Pinned to the same core, the side being timed always runs
+    there while the other waits, so what that core suffers falls on both. "last": the last core this process
+    may use; "none" leaves placement to the scheduler; a list ("3" or "2,3") pins there."""
+    want = env.get("B70BENCH_PAIR_CPUS", DEFAULT_PAIR_CPUS).strip()
+    if want == "none" or not hasattr(os, "sched_getaffinity"):
+        return None
+    if want == "last":
+        return str(max(os.sched_getaffinity(0)))
+    return want
+
+
 class EngineError(RuntimeError):
     """One side's engine failed: it did not start, died, or did not answer in time (one line)."""
 
@@ -250,6 +269,7 @@ def run_block(
                         "round": r,
                         "probe_s": got["probe_s"],
                         "latency_s": got["latency_s"],
+                        "cpu": got.get("cpu"),
                         "t_s": round(time.monotonic() - tb, 4),
                     }
                 )
