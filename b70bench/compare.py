@@ -143,6 +143,9 @@ def compare_series(
         cpus = pair.engine_cpus(base)
         if cpus is not None:
             base["B70BENCH_ENGINE_CPUS"] = cpus
+            # One OpenMP thread per pinned core: a second thread would float onto whatever core is busy, and
+            # every parallel region of the model would wait for it there.
+            base.setdefault("OMP_NUM_THREADS", str(len(cpus.split(","))))
     base = environment.engine_env(backend, base, None)
     tokens = spec.get("batch", 1) * spec.get("output_len", 1)
 

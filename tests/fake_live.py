@@ -18,7 +18,6 @@ def main(argv):
     with open(argv[1]) as f:
         spec = json.load(f)
     out = os.fdopen(int(argv[2]), "w", buffering=1)
-    pin_from_env()  # as the real engine does, so the tests see where compare put it
 
     def reply(obj):
         out.write(json.dumps(obj) + "\n")
@@ -34,6 +33,7 @@ def main(argv):
 
     with open(model.__file__) as f:
         slow = "k + q" in f.read()
+    pin_from_env()  # after the start, as the real engine does, so the tests see where compare put it
     reply({"ready": True, "token_sha256": "ab" * 32, "module_file": model.__file__, "pid": os.getpid()})
     n = 0
     for line in sys.stdin:

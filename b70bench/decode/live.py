@@ -12,8 +12,9 @@ The first line on FD is the start's result (gate hash, start time) with "ready":
 "ok": false and the error. Two of these, each importing its own patched vLLM (patches.overlay),
 alternate calls so both sides are timed in the same seconds of the host.
 
-B70BENCH_ENGINE_CPUS (e.g. "1" or "2,3") pins the engine to those cores before torch is imported, so
-both sides of a pair run on the same cores (pair.engine_cpus).
+B70BENCH_ENGINE_CPUS (e.g. "1" or "2,3") pins the engine's main thread, which runs the model, to those
+cores once it has started, so both sides of a pair are timed on the same cores (pair.engine_cpus) while
+their starts still run side by side on every core.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from b70bench.decode.child import host_probe, peak_memory, start
 
 def serve(spec: dict, reply) -> None:
     llm, result, tprompts, sp = start(spec)
+    pin_from_env()
     result["ready"] = True
     result["pid"] = os.getpid()
     reply(result)
@@ -60,7 +62,7 @@ def last_cpu() -> int | None:
 
 
 def pin_from_env() -> None:
-    """Pin to B70BENCH_ENGINE_CPUS; before torch starts its thread pool, which sizes itself to the mask."""
+    """Pin the calling thread to B70BENCH_ENGINE_CPUS (threads it starts later inherit the mask)."""
     cpus = os.environ.get("B70BENCH_ENGINE_CPUS")
     if cpus and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {int(c) for c in cpus.split(",")})
@@ -69,7 +71,6 @@ def pin_from_env() -> None:
 def main(argv: list[str]) -> int:
     with open(argv[1]) as f:
         spec = json.load(f)
-    pin_from_env()
     out = os.fdopen(int(argv[2]), "w", buffering=1)
 
     def reply(obj: dict) -> None:

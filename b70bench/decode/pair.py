@@ -48,17 +48,17 @@ START_TIMEOUT_S = 600.0
 CALL_TIMEOUT_S = 120.0
 
 
-DEFAULT_PAIR_CPUS = "none"
+DEFAULT_PAIR_CPUS = "last"
 
 
 def engine_cpus(env: dict) -> str | None:
     """The cores both engines of a pair are pinned to (B70BENCH_ENGINE_CPUS for decode.live), or None.
 
-    Unpinned, the two engines' threads land on whichever cores the scheduler picks, and a core shared with
-    something else (another tenant's work, a hog) slows the side that runs there for the whole block: one
-    block of identical sides then reads B/A 1.10. Pinned to the same core, the side being timed always runs
-    there while the other waits, so what that core suffers falls on both. "last": the last core this process
-    may use; "none" leaves placement to the scheduler; a list ("3" or "2,3") pins there."""
+    Unpinned, each engine runs one OpenMP thread per core, and every parallel region of the model waits for
+    the thread that shares a core with something else: a busy loop at nice 10 made calls 4-5x slower. Pinned,
+    each engine runs one thread per pinned core, both engines on the same cores (the side being timed runs
+    there while the other waits), and other work is left the rest of the machine. "last": the last core this
+    process may use; "none": no pinning, torch's default threads; a list ("3" or "2,3") pins there."""
     want = env.get("B70BENCH_PAIR_CPUS", DEFAULT_PAIR_CPUS).strip()
     if want == "none" or not hasattr(os, "sched_getaffinity"):
         return None
