@@ -440,8 +440,8 @@ def test_asv_walk_over_patch_sets(tmp_path):
     assert [r["commit"] for r in rows if r["flag"]] == [commits["moe-kernel"]], why
     moe_row = next(r for r in rows if r["commit"] == commits["moe-kernel"])
     assert f"{MOE_FIGURE}('vllm', 1)" in moe_row["faster_kernels"], why
-    # 3 passes -> 1: a third of the kernel's time plus fixed costs; read 0.52 in one walk on this host, so the
-    # bound is what kernel-vs-model itself needs (25% faster) with room, not the ideal third.
+    # 3 passes -> 1: a third of the kernel's time plus fixed costs; read 0.30-0.52 in walks on this host, where
+    # fresh processes read one kernel up to 1.6x apart, so the bound is loose, not the ideal third.
     assert moe_row["kernels"][f"{MOE_FIGURE}('vllm', 1)"]["ratio"] < 0.7, why
 
     # The website, in a real browser, from a real HTTP server.

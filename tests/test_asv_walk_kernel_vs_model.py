@@ -173,9 +173,9 @@ def test_with_samples_only_a_real_decode_slowdown_and_a_large_kernel_win_flag(tm
 
 def test_a_kernel_back_from_one_slow_reading_is_not_a_win(tmp_path):
     """As in a CI walk: vLLM's 8 B allreduce read 2.3, then 5.0 us in one slow process, then 3.25 us at a
-    commit that slowed decode 11%. Against the 5.0 alone that is a 35% kernel win, flagged with
-    --kernel-window 1; against the last two readings (the default) it is not, while a MoE kernel 3x faster
-    than both its earlier readings beside a slower decode still is."""
+    commit that slowed decode 11%. At --kernel-effect 0.25, against the 5.0 alone that is a 35% kernel win,
+    flagged with --kernel-window 1; against the last two readings (the default) it is not, while a MoE kernel
+    3x faster than both its earlier readings beside a slower decode still is."""
     import random
 
     rng = random.Random(3)
@@ -195,14 +195,14 @@ def test_a_kernel_back_from_one_slow_reading_is_not_a_win(tmp_path):
         kernels = {"'vllm', 'in-place'": samples(ar * 1e-6, 20, 0.02), "'vllm'": samples(moe * 1e-6, 5, 0.01)}
         write_sampled(d, chr(ord("a") + i) * 40, i + 1, kernels, samples(dec * 1e-3, 8, 0.03))
     results = kvm.read_results(tmp_path / "results")
-    rows = kvm.compare(results)
+    rows = kvm.compare(results, kernel_effect=0.25)
     assert [r["flag"] for r in rows] == [False, False, False, True], [
         (r["faster_kernels"], r["slower_decode"]) for r in rows
     ]
     assert rows[3]["faster_kernels"] == ["bench_moe_down.MoeDown.track_time('vllm', 1)"]
     ar = "bench_allreduce.Allreduce.track_time('vllm', 'in-place', 8)"
     assert rows[2]["kernels"][ar]["ratio"] < 0.7 and rows[2]["kernels"][ar]["not_faster_than_earlier"]
-    assert [r["flag"] for r in kvm.compare(results, kernel_window=1)] == [False, False, True, True]
+    assert [r["flag"] for r in kvm.compare(results, kernel_window=1, kernel_effect=0.25)] == [False, False, True, True]
     bad = subprocess.run(
         [
             sys.executable,
@@ -220,6 +220,30 @@ def test_a_kernel_back_from_one_slow_reading_is_not_a_win(tmp_path):
         cwd=ROOT,
     )
     assert bad.returncode == 2 and "--kernel-window 0" in bad.stderr
+
+
+def test_one_process_per_commit_swinging_as_the_vm_does_is_not_a_kernel_win(tmp_path):
+    """The failed CI walk of 57f1e46: moe-down measured once per commit, in one process each. On the 2-core VM
+    fresh processes read the same kernel with a log sd of ~0.13 (a reading 1.45x faster than the one before
+    is 2 sds of a two-process ratio); beside the decode slowdown that commit really has, a 25% floor named
+    it. At the default floor (1.6x) it is not named, while the htile case (3x, read 0.36-0.47 in CI walks)
+    still is, even when its process reads slow."""
+    import random
+
+    rng = random.Random(5)
+
+    def one_process(t: float) -> list[float]:  # +-3% within a process
+        return [t * rng.lognormvariate(0, 0.03) for _ in range(5)]
+
+    d = tmp_path / "results" / "box"
+    d.mkdir(parents=True)
+    steps = [(6.9e-3, 0.70), (6.9e-3 / 1.45, 0.80), (2.0e-3 * 1.3, 0.95)]  # (moe s, decode ms)
+    for i, (moe, dec) in enumerate(steps):
+        decode = [dec * 1e-3 * rng.lognormvariate(0, 0.02) for _ in range(8)]
+        write_sampled(d, chr(ord("a") + i) * 40, i + 1, {"'vllm'": one_process(moe)}, decode)
+    results = kvm.read_results(tmp_path / "results")
+    assert [r["flag"] for r in kvm.compare(results)] == [False, False, True]
+    assert [r["flag"] for r in kvm.compare(results, kernel_effect=0.25)] == [False, True, True]
 
 
 def test_decode_measured_against_the_parent_decides_from_its_paired_ratios():
