@@ -256,8 +256,10 @@ class Hog:
     """A CPU hog (a busy loop at nice 10), started and stopped by PID at set points of the walk.
 
     At nice 0 it took half a core and every OpenMP barrier of the engine waited on the thread sharing that
-    core: calls ran 5-10x slower, blocks took three minutes. At nice 10 it slows calls by about what the
-    host's own state changes do (1.5-2x), which is the drift the verdicts must survive.
+    core: calls ran 5-10x slower, blocks took three minutes. At nice 10, with the engines unpinned, it slowed
+    calls 4-5x the same way; with both engines pinned to one core (compare's default) it takes the other
+    core and the host around it, moving call times far less: the drift the verdicts must survive, not a
+    stall (docs/patch-sets-and-asv.md "Engine placement").
 
     Each verdict's measurement writes its logs under B70BENCH_CACHE/asv-paired/<commit>; the hog starts
     HOG_DELAY_S after the first named commit's directory appears and stops HOG_DELAY_S after the second's.

@@ -24,6 +24,7 @@ import fakedist  # noqa: E402
 
 from b70bench import compare, patches, stats  # noqa: E402
 from b70bench.decode import pair, runner  # noqa: E402
+from b70bench.errors import UsageError  # noqa: E402
 
 TESTS = Path(__file__).resolve().parent
 REL = "fakevllm/models/minimax_m2.py"
@@ -223,3 +224,15 @@ def test_two_blocks_name_a_large_slowdown_and_no_identical_pair():
     assert all(r.decision.word == stats.SLOWER and len(r.blocks) == 2 for r in big), [r.text() for r in big]
     same = [simulate(seed, 0.0, budget_blocks=1.9, rounds=96) for seed in range(700, 740)]
     assert not any(r.decision.named for r in same), [r.text() for r in same]
+
+
+def test_pinned_cores_are_read_once_and_a_bad_value_names_the_fix():
+    cores = sorted(os.sched_getaffinity(0))
+    assert pair.engine_cpus({"B70BENCH_PAIR_CPUS": "none"}) is None
+    assert pair.engine_cpus({}) == pair.engine_cpus({"B70BENCH_PAIR_CPUS": "last"}) == str(cores[-1])
+    listed = ",".join(map(str, reversed(cores)))  # sorted and deduplicated, whatever order it came in
+    assert pair.engine_cpus({"B70BENCH_PAIR_CPUS": f" {listed},{cores[0]} "}) == ",".join(map(str, cores))
+    with pytest.raises(UsageError, match="set last, none or core numbers"):
+        pair.engine_cpus({"B70BENCH_PAIR_CPUS": "lastt"})
+    with pytest.raises(UsageError, match="may run on cores"):
+        pair.engine_cpus({"B70BENCH_PAIR_CPUS": str(max(cores) + 64)})

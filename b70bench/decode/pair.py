@@ -29,6 +29,7 @@ from pathlib import Path
 
 from b70bench import stats
 from b70bench.decode import environment, logs, runner
+from b70bench.errors import UsageError
 
 SIDES = "AB"
 # Rounds per block. A round's log B/A spreads ~20% (the host moves within a second) and the rounds, not the
@@ -62,9 +63,19 @@ def engine_cpus(env: dict) -> str | None:
     want = env.get("B70BENCH_PAIR_CPUS", DEFAULT_PAIR_CPUS).strip()
     if want == "none" or not hasattr(os, "sched_getaffinity"):
         return None
+    allowed = os.sched_getaffinity(0)
     if want == "last":
-        return str(max(os.sched_getaffinity(0)))
-    return want
+        return str(max(allowed))
+    try:
+        cores = sorted({int(c) for c in want.split(",")})
+    except ValueError:
+        raise UsageError(f"B70BENCH_PAIR_CPUS={want!r}: set last, none or core numbers such as 1 or 0,1") from None
+    if not set(cores) <= allowed:
+        raise UsageError(
+            f"B70BENCH_PAIR_CPUS={want!r}: this process may run on cores "
+            f"{','.join(map(str, sorted(allowed)))} only; set last, none or cores among them"
+        )
+    return ",".join(map(str, cores))
 
 
 class EngineError(RuntimeError):
