@@ -99,6 +99,9 @@ def main() -> int:
     p.add_argument("--pairs", nargs="+", default=["same", "noop", "graph:1", "graph:2"])
     p.add_argument("--repeats", type=int, default=1, help="compares per pair")
     p.add_argument("--budget", type=float, default=compare.DEFAULT_BUDGET_MIN, help="minutes per compare")
+    p.add_argument(
+        "--rounds", type=int, default=pairing.DEFAULT_ROUNDS, help="paired rounds a block (the walk test uses 64)"
+    )
     p.add_argument("--level", type=float, default=compare.DEFAULT_LEVEL)
     p.add_argument("--min-effect", type=float, default=stats.DEFAULT_MIN_EFFECT)
     p.add_argument("--hog", action="store_true", help="inject a CPU hog mid-run in every compare")
@@ -130,6 +133,7 @@ def main() -> int:
                         env,
                         out_dir,
                         budget_s=args.budget * 60,
+                        rounds=args.rounds,
                         level=args.level,
                         min_effect=args.min_effect,
                         cache_dir=compare.paired_cache_dir(),
