@@ -34,11 +34,12 @@ MODEL_RE = r"\.track_s_per_output_token$"
 # comparing two commits' samples taken minutes apart.
 PAIRED_FIGURE = ("track_s_per_output_token", "track_ratio_to_parent")
 PAIRED_SE_FIGURE = ("track_s_per_output_token", "track_ratio_se_to_parent")
-# An isolated suite is measured in one process per commit, and on a shared host processes differ far more
-# than one process's samples do: moe-down's `vllm` variant on the 2-core VM spreads with a log sd of 0.12-0.14
-# between fresh processes (+-3% within one), so two commits' readings differ by a log sd of ~0.18 with
-# nothing changed. A kernel counts as faster only when its time fell to 1 / (1 + effect): 1.6x is 2.6 of
-# those sds (a 25% floor, 1.2 sds, named about one unchanged commit in nine), and the htile case (3x) clears it.
+# An isolated suite is measured in one process per commit, and a commit's samples come from that one process,
+# so their interval cannot see how far processes differ: moe-down's `vllm` variant on the 2-core VM spreads
+# with a log sd of 0.10-0.14 between fresh processes, so two commits' readings differ by a log sd of
+# ~0.15-0.18 with nothing changed. A kernel counts as faster only when its time fell to 1 / (1 + effect): 1.6x
+# is 2.6-3.1 of those sds (a 25% floor, 1.2-1.5 sds, named about one unchanged commit in eight), and the
+# htile case (3x) clears it.
 KERNEL_EFFECT = 0.6
 # ...and only when it is faster than each of the last KERNEL_WINDOW commits that had the figure: one
 # process's slow reading at the commit before (vLLM's 8 B allreduce once read 5.0 us between readings of

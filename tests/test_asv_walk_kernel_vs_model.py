@@ -232,7 +232,7 @@ def test_one_process_per_commit_swinging_as_the_vm_does_is_not_a_kernel_win(tmp_
 
     rng = random.Random(5)
 
-    def one_process(t: float) -> list[float]:  # +-3% within a process
+    def one_process(t: float) -> list[float]:  # asv's own +- within one process in the CI walks: 1-12%
         return [t * rng.lognormvariate(0, 0.03) for _ in range(5)]
 
     d = tmp_path / "results" / "box"
