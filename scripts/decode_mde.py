@@ -9,7 +9,8 @@ never imports for this model, `same` the identical series. `--hog` starts a CPU 
 HOG_AFTER_S into every compare and stops it by PID HOG_FOR_S later: drift injected mid-measurement.
 Every compare is a real `compare.compare_series` on this interpreter's environment (nothing is applied
 to it). Prints one row per compare: verdict, ratio and interval, blocks, calls, minutes, whether the hog ran.
-`--pins last none` runs each compare once per engine placement (B70BENCH_PAIR_CPUS, pair.engine_cpus), in turn.
+`--walk` decides as the asv walk does (its level and first look). `--pins last none` runs each compare once
+per engine placement (B70BENCH_PAIR_CPUS, pair.engine_cpus), in turn.
 
     python scripts/decode_mde.py --pairs same noop graph:1 graph:2 --repeats 2 --budget 10 --hog --json mde.json
 """
@@ -104,6 +105,11 @@ def main() -> int:
     )
     p.add_argument("--level", type=float, default=compare.DEFAULT_LEVEL)
     p.add_argument("--min-effect", type=float, default=stats.DEFAULT_MIN_EFFECT)
+    p.add_argument(
+        "--walk",
+        action="store_true",
+        help="decide as the asv walk does: its level and first look (compare.WALK_LEVEL, WALK_FIRST_BLOCKS)",
+    )
     p.add_argument("--hog", action="store_true", help="inject a CPU hog mid-run in every compare")
     p.add_argument("--out-dir", default=None, help="keep each compare's blocks here (default: a temp dir)")
     p.add_argument("--json", default=None, help="every compare's result")
@@ -134,7 +140,8 @@ def main() -> int:
                         out_dir,
                         budget_s=args.budget * 60,
                         rounds=args.rounds,
-                        level=args.level,
+                        level=compare.WALK_LEVEL if args.walk else args.level,
+                        first_blocks=compare.WALK_FIRST_BLOCKS if args.walk else 4,
                         min_effect=args.min_effect,
                         cache_dir=compare.paired_cache_dir(),
                         out=lambda _line: None,

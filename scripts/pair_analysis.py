@@ -5,6 +5,7 @@
     python scripts/pair_analysis.py --redecide DIR [DIR ...]
     python scripts/pair_analysis.py --rules DIR [DIR ...]
     python scripts/pair_analysis.py --cores DIR [DIR ...]
+    python scripts/pair_analysis.py --costs DIR [DIR ...]
 
 Each DIR holds the blockNN.json files one `b70bench compare` (or one commit of the asv walk) wrote. Per DIR
 and per estimator, one B/A per block and the spread of those over blocks (what the verdict's interval is
@@ -32,6 +33,10 @@ share named slower is the power, at 1.00 the share named either way is the false
 the share of rounds whose two calls ran on the same core, and the B/A of those rounds against the others.
 Pinned engines (pair.engine_cpus) run every call on one core; unpinned, a side that keeps landing on the core
 something else uses reads slower for the whole block.
+
+--costs splits each block's seconds into the start (both engines launched together to the later one's ready
+line: import, model, compile, gate), the timed rounds (first call sent to the last answer, pauses included) and
+the rest (warm-up calls before the rounds, stopping both engines after them): what a cheaper sample has to cut.
 
 --redecide gives each DIR's verdict again from its recorded blocks with today's block estimator
 (decode.pair.Block.ratio) and `compare`'s defaults (95% over 4 looks, min effect 5%, floor 1%), at the first
@@ -105,6 +110,24 @@ def cores(dirs: list[str]) -> None:
             print(
                 f"| {Path(d).name} | {b['index']} | {b['ratio']:.3f} | {where['A']} | {where['B']} | "
                 f"{len(same) / len(rs):.0%} | {gm(same):.3f} | {gm(other):.3f} |"
+            )
+
+
+def costs(dirs: list[str]) -> None:
+    print("| run | block | seconds | start | rounds | warm-up + stop | median call s |")
+    print("|---|---|---|---|---|---|---|")
+    for d in dirs:
+        for p in sorted(Path(d).glob("block[0-9][0-9].json")):
+            b = json.loads(p.read_text())
+            if not b.get("calls"):
+                continue
+            start = max(s.get("wall_to_ready_s") or 0.0 for s in b["starts"].values())
+            last = b["calls"][-1]
+            timed = last["t_s"] + last["latency_s"]
+            median = statistics.median(c["latency_s"] for c in b["calls"])
+            print(
+                f"| {'/'.join(Path(d).parts[-2:])} | {b['index']} | {b['wall_s']:.0f} | {start:.1f} | {timed:.1f} | "
+                f"{b['wall_s'] - start - timed:.1f} | {median:.3f} |"
             )
 
 
@@ -225,6 +248,8 @@ if __name__ == "__main__":
         rules(sys.argv[2:])
     elif sys.argv[1:2] == ["--cores"]:
         cores(sys.argv[2:])
+    elif sys.argv[1:2] == ["--costs"]:
+        costs(sys.argv[2:])
     elif sys.argv[1:2] == ["--redecide"]:
         redecide(sys.argv[2:])
     else:
