@@ -23,7 +23,7 @@ $(STAMP): pyproject.toml
 bench: venv
 	$(PY) -m b70bench info --measure
 	$(PY) -m asv machine --yes
-	B70BENCH_DECODE_PAIRED=0 $(PY) -m asv run -E existing:$(CURDIR)/$(PY) --set-commit-hash $$(git rev-parse HEAD) --show-stderr --record-samples $(ASV_ARGS)
+	B70BENCH_DECODE_PAIRED=0 B70BENCH_SERVE_PAIRED=0 $(PY) -m asv run -E existing:$(CURDIR)/$(PY) --set-commit-hash $$(git rev-parse HEAD) --show-stderr --record-samples $(ASV_ARGS)
 	$(PY) -m asv publish
 	@echo "website: $(CURDIR)/results/html/index.html  (serve it: make preview)"
 

@@ -1,12 +1,13 @@
 """asv plugin (asv.conf.json "plugins"): b70bench's verdicts on the regressions page of `asv publish`.
 
 asv's Regressions publisher (order 3) writes regressions.json from its step fit. This publisher
-runs after it and, for the decode seconds figures, replaces asv's entries with b70bench.verdicts'
-verdicts over the same result files (slower, faster, "no change beyond X%" or undecided):
+runs after it and, for the decode seconds figures and serve's latencies (DECIDED), replaces asv's entries
+with b70bench.verdicts' verdicts over the same result files (slower, faster, "no change beyond X%" or
+undecided):
 
-- where the results carry `track_ratio_to_parent` samples (one B/A per block, each commit measured
-  alternating with its git parent in one host window), each such commit against its parent
-  (verdicts.paired);
+- where the results carry the suite's `track_ratio_to_parent` samples (one B/A per block, each commit measured
+  alternating with its git parent in one host window; decode's seconds, serve's E2E: PAIRED_BY), each such
+  commit against its parent (verdicts.paired);
 - else, where they carry per-start samples (`asv run --record-samples`), the walk over the history
   (verdicts.walk): a real slowdown is named at the commit it lands, also the newest one, and a
   commit inside the noise is not. Results without samples keep asv's entries.
@@ -45,12 +46,16 @@ DECIDED = (
     "bench_serve.Serve.track_tpot_s",
     "bench_serve.Serve.track_ttft_s",
 )
-# Paired B/A ratios to the git parent, one sample per block; the machine minutes and the timed calls per
-# side that measurement took (one value each).
-RATIO = "bench_decode.Decode.track_ratio_to_parent"
-RATIO_SE = "bench_decode.Decode.track_ratio_se_to_parent"  # each block's standard error of its log ratio
-MINUTES = "bench_decode.Decode.track_minutes"
-CALLS = "bench_decode.Decode.track_calls"
+# The figures a walk measures paired with the git parent, and the suite whose paired figures decide them:
+# <suite>.track_ratio_to_parent (B/A, one sample per block), .track_ratio_se_to_parent (each block's standard
+# error of its log ratio), .track_minutes and .track_calls (machine minutes, timed calls or levels per side).
+# serve pairs on each level's median E2E, so only E2E is read from its ratios; TPOT and TTFT keep the walk.
+PAIRED_BY = {
+    "bench_decode.Decode.track_s_per_output_token": "bench_decode.Decode",
+    "bench_decode.Decode.track_s_per_total_token": "bench_decode.Decode",
+    "bench_serve.Serve.track_e2e_s": "bench_serve.Serve",
+}
+PAIRED_FIGURES = ("track_ratio_to_parent", "track_ratio_se_to_parent", "track_minutes", "track_calls")
 # Withdrawn from asv's list: the higher-is-better twins of DECIDED (asv would list a speed-up as a
 # regression) and the paired measurement's figures (a ratio near 1 or a machine-minute count is no speed).
 WITHDRAWN = (
@@ -58,10 +63,7 @@ WITHDRAWN = (
     "bench_decode.Decode.track_total_tok_per_s",
     "bench_serve.Serve.track_goodput_request_per_s",
     "bench_serve.Serve.track_output_tok_per_s",
-    RATIO,
-    RATIO_SE,
-    MINUTES,
-    CALLS,
+    *(f"{suite}.{figure}" for suite in dict.fromkeys(PAIRED_BY.values()) for figure in PAIRED_FIGURES),
 )
 NOTE_ID = "b70bench-verdicts"
 FEED = "b70bench-verdicts.xml"
@@ -202,17 +204,18 @@ class Verdicts(OutputPublisher):
                 continue
             graph_params = {k: v for k, v in graph.params.items() if len(all_params[k]) > 1}
             seconds = _figure(results, benchmarks, benchmark["name"], graph, revisions)
-            ratios = _figure(results, benchmarks, RATIO, graph, revisions)
-            ses = _figure(results, benchmarks, RATIO_SE, graph, revisions)
-            minutes = _figure(results, benchmarks, MINUTES, graph, revisions)
-            calls = _figure(results, benchmarks, CALLS, graph, revisions)
+            suite = PAIRED_BY.get(benchmark["name"])
+            ratios, ses, minutes, calls = (
+                _figure(results, benchmarks, f"{suite}.{figure}", graph, revisions) if suite else {}
+                for figure in PAIRED_FIGURES
+            )
             combos = list(itertools.product(*benchmark["params"])) if benchmark.get("params") else [()]
             for j, combo in enumerate(combos):
                 idx = j if benchmark.get("params") else None
                 name = _entry_name(benchmark, combo if benchmark.get("params") else None)
                 mine = seconds.get(tuple(combo), {})
-                # Only decode is measured paired with the parent; other figures are decided by the walk.
-                paired = (ratios.get(tuple(combo)) or ratios.get((), {})) if benchmark["name"] in DECIDED[:2] else {}
+                # Figures without a paired measurement (PAIRED_BY) are decided by the walk.
+                paired = ratios.get(tuple(combo)) or ratios.get((), {})
                 paired_ses = (ses.get(tuple(combo)) or ses.get((), {})) if paired else {}
                 extra = {c: _extra(minutes, calls, tuple(combo), c) for c in {*paired, *mine}}
                 if any(s for s, _v in paired.values()):
@@ -361,14 +364,15 @@ def _write_feed(conf, benchmarks, results: list, rows) -> None:
     """b70bench-verdicts.xml: an Atom entry per verdict (every word), dated when its commit was measured."""
     when: dict[tuple[str, str], int] = {}
     for res in results:
-        for key in (*DECIDED, RATIO):
+        for key in (*DECIDED, *(f"{suite}.track_ratio_to_parent" for suite in set(PAIRED_BY.values()))):
             stamp = res.started_at.get(key) or res.date
             if stamp:
                 when[key, res.commit_hash] = max(when.get((key, res.commit_hash), 0), stamp)
     entries = []
     for name, params, j, v in rows:
         bare = name.split("(", 1)[0]
-        stamp = when.get((RATIO if v.rule == verdicts.PAIRED else bare, v.commit)) or when.get((bare, v.commit))
+        key = f"{PAIRED_BY[bare]}.track_ratio_to_parent" if v.rule == verdicts.PAIRED else bare
+        stamp = when.get((key, v.commit)) or when.get((bare, v.commit))
         updated = (
             datetime.datetime.fromtimestamp(stamp / 1000, tz=datetime.UTC)
             if stamp

@@ -173,8 +173,11 @@ def compare_series(
 MAX_SKIPPED_PARENTS = 10
 
 
-def against_parent(repo: Path, commit: str, env: patches.Env, out_dir: Path, **kw) -> dict:
+def against_parent(repo: Path, commit: str, env: patches.Env, out_dir: Path, measure=None, **kw) -> dict:
     """compare_series of a commit's series (B) against its parent's (A): the walk's verdict per commit.
+
+    measure: the paired measurement to run on the two series (default this module's decode compare_series;
+    serve.pair.compare_series for the serve suite), given dirs, env, out_dir and kw.
 
     A parent whose series does not apply (a broken commit in the history) is skipped for the nearest
     first-parent ancestor whose series does; the result names the one used ("parent") and the skipped.
@@ -205,7 +208,7 @@ def against_parent(repo: Path, commit: str, env: patches.Env, out_dir: Path, **k
                         f"the last {MAX_SKIPPED_PARENTS} ancestors of {commit[:12]} have series that do not apply: "
                         f"fix the history or walk a range that starts after them"
                     ) from None
-        res = compare_series(dirs, env, out_dir, **kw)
+        res = (measure or compare_series)(dirs, env, out_dir, **kw)
     res["commit"], res["parent"], res["skipped_parents"] = commit, parent, skipped
     return res
 

@@ -29,7 +29,7 @@ from b70bench.decode import pair
 from b70bench.decode import suite as decode_suite
 from b70bench.fingerprint import fingerprint
 
-from .common import select_device, skip_if
+from .common import budget_s_from_env, paired_walk, select_device, skip_if, whole_from_env
 
 CPU_SHAPES = ["p128n128b1"]
 GPU_SHAPES = ["p512n512b1", "p512n1536b1", "p512n2048b1"]
@@ -44,43 +44,20 @@ def _shapes():
         return CPU_SHAPES
 
 
-def _whole(name: str, default: int, least: int, what: str) -> int:
-    """A whole-number setting from the environment, default when unset; a bad one skips with its fix."""
-    text = os.environ.get(name)
-    if not text:
-        return default
-    if not text.isdigit() or int(text) < least:
-        raise NotImplementedError(f"{name}={text!r}: set a whole number of {what} >= {least}")
-    return int(text)
-
-
 def _starts() -> int:
-    return _whole("B70BENCH_DECODE_STARTS", decode.DEFAULT_STARTS, 1, "starts")
+    return whole_from_env("B70BENCH_DECODE_STARTS", decode.DEFAULT_STARTS, 1, "starts")
 
 
 def _paired(dev) -> bool:
-    return (
-        bool(os.environ.get("ASV_COMMIT")) and dev.backend == "cpu" and os.environ.get("B70BENCH_DECODE_PAIRED") != "0"
-    )
+    return paired_walk(dev, "B70BENCH_DECODE_PAIRED")
 
 
 def _budget_s() -> float:
-    text = os.environ.get("B70BENCH_DECODE_BUDGET_MIN")
-    if not text:
-        return compare.DEFAULT_BUDGET_MIN * 60
-    try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if value < compare.MIN_BUDGET_MIN:
-        raise NotImplementedError(
-            f"B70BENCH_DECODE_BUDGET_MIN={text!r}: set {compare.MIN_BUDGET_MIN:g} or more minutes per commit"
-        )
-    return value * 60
+    return budget_s_from_env("B70BENCH_DECODE_BUDGET_MIN", compare.DEFAULT_BUDGET_MIN, compare.MIN_BUDGET_MIN)
 
 
 def _rounds() -> int:
-    return _whole("B70BENCH_DECODE_ROUNDS", pair.DEFAULT_ROUNDS, 4, "paired rounds")
+    return whole_from_env("B70BENCH_DECODE_ROUNDS", pair.DEFAULT_ROUNDS, 4, "paired rounds")
 
 
 def _paired_summary(shape: str, dev) -> dict:

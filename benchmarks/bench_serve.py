@@ -7,16 +7,27 @@ SLOs (default DEFAULT_SLO). E2E latency, TPOT and TTFT (seconds, lower is better
 the website; E2E is the one to read at 1-4 requests on a small CPU, where the API server hands tokens out in
 bursts and TPOT reads ~0 (docs/serve.md). Goodput and output tok/s are tracked for people to read. A start
 whose gate failed gives no speed samples.
+
+Walking commits (asv sets ASV_COMMIT; CPU default): each level is measured against the commit's git parent the
+way `b70bench compare --suite serve` measures, both servers alive together and levels alternating, in blocks
+of fresh servers until decided or B70BENCH_SERVE_BUDGET_MIN (per level, default compare.DEFAULT_BUDGET_MIN) is
+spent, B70BENCH_SERVE_ROUNDS rounds a block (default serve.pair.DEFAULT_ROUNDS). Each block is one sample: this
+commit's median E2E (the plotted figure) and its B/A to the parent (track_ratio_to_parent, what the website's
+verdict on E2E is read from), with the minutes and levels it took. B70BENCH_SERVE_PAIRED=0 (`make bench`)
+measures separate starts instead, as above.
 """
 
 import math
 import os
+from pathlib import Path
 
-from b70bench import decode
+from b70bench import compare, decode, patches, stats
+from b70bench.decode import model as decode_model
 from b70bench.serve import cli as serve_cli
+from b70bench.serve import pair as serve_pair
 from b70bench.serve import suite as serve_suite
 
-from .common import select_device, skip_if
+from .common import budget_s_from_env, paired_walk, select_device, skip_if, whole_from_env
 
 STARTS = 2
 # Goodput SLOs on the CPU default: about 3x the tiny model's batch-1 TTFT and TPOT here.
@@ -45,11 +56,41 @@ def _samples(values):
     return {"samples": values, "number": 1} if values else math.nan
 
 
+def _paired_level(concurrency: int) -> dict:
+    """One level of this commit against its parent (compare.against_parent with serve's pairing), as the
+    figures asv tracks: per block, this commit's median E2E and its B/A to the parent."""
+    commit = os.environ["ASV_COMMIT"]
+    res = compare.against_parent(
+        Path(os.environ.get("ASV_CONF_DIR") or "."),
+        commit,
+        patches.Env(),
+        decode_model.cache_root() / "asv-paired-serve" / commit[:12] / f"c{concurrency}",
+        measure=serve_pair.compare_series,
+        concurrency=concurrency,
+        budget_s=budget_s_from_env("B70BENCH_SERVE_BUDGET_MIN", compare.DEFAULT_BUDGET_MIN, compare.MIN_BUDGET_MIN),
+        rounds=whole_from_env("B70BENCH_SERVE_ROUNDS", serve_pair.DEFAULT_ROUNDS, 4, "paired rounds"),
+        level=compare.WALK_LEVEL,
+        min_effect=stats.DEFAULT_MIN_EFFECT,
+        floor=stats.DEFAULT_FLOOR,
+        first_blocks=compare.WALK_FIRST_BLOCKS,
+        cache_dir=compare.paired_cache_dir(),
+    )
+    withheld = res["sides"]["B"]["gate"] == 1
+    return {
+        "e2e_s_median": [] if withheld else res["block_e2e_s"]["B"],
+        "ratio_to_parent": [] if withheld else res["block_ratios"],
+        "ratio_se_to_parent": [] if withheld else res["block_log_ses"],
+        "minutes": res["minutes"],
+        "calls": res["calls_per_side"],
+    }
+
+
 class Serve:
     param_names = ["concurrency"]
     params = [_concurrency()]
     timeout = 3600
-    version = 1
+    # 2: walking commits, one sample per paired block against the parent (samples per start before).
+    version = 2
 
     def setup_cache(self):
         dev = select_device()
@@ -57,6 +98,8 @@ class Serve:
         levels = self.params[0]
         if not all(isinstance(c, int) for c in levels):
             raise NotImplementedError(str(levels[0]))
+        if paired_walk(dev, "B70BENCH_SERVE_PAIRED"):
+            return {c: _paired_level(c) for c in levels}
         load = serve_suite.Load.from_shape(
             serve_suite.DEFAULT_SHAPE,
             concurrency=tuple(levels),
@@ -79,7 +122,7 @@ class Serve:
 
     def track_tpot_s(self, cache, concurrency):
         """Median time per output token after the first, per start (vLLM's TPOT)."""
-        return _samples(cache[concurrency]["tpot_s_median"])
+        return _samples(cache[concurrency].get("tpot_s_median"))
 
     track_tpot_s.unit = "seconds"
 
@@ -90,23 +133,50 @@ class Serve:
     track_e2e_s.unit = "seconds"
 
     def track_ttft_s(self, cache, concurrency):
-        return _samples(cache[concurrency]["ttft_s_median"])
+        return _samples(cache[concurrency].get("ttft_s_median"))
 
     track_ttft_s.unit = "seconds"
 
     def track_goodput_request_per_s(self, cache, concurrency):
         """Requests per second that met B70BENCH_SERVE_SLO, per start."""
-        return _samples(cache[concurrency]["goodput_request_per_s"])
+        return _samples(cache[concurrency].get("goodput_request_per_s"))
 
     track_goodput_request_per_s.unit = "request/s"
 
     def track_output_tok_per_s(self, cache, concurrency):
-        return _samples(cache[concurrency]["output_tok_per_s"])
+        return _samples(cache[concurrency].get("output_tok_per_s"))
 
     track_output_tok_per_s.unit = "tok/s"
 
     def track_startup_s(self, cache, concurrency):
         """Seconds from the server's launch to a healthy /health (the same for every level of a start)."""
-        return _samples(cache["startup_s"])
+        return _samples(cache.get("startup_s"))
 
     track_startup_s.unit = "seconds"
+
+    def track_ratio_to_parent(self, cache, concurrency):
+        """Walking commits: this level's median E2E over the parent's, one sample per block of paired levels."""
+        return _samples(cache[concurrency].get("ratio_to_parent"))
+
+    track_ratio_to_parent.unit = "ratio"
+
+    def track_ratio_se_to_parent(self, cache, concurrency):
+        """Each block's standard error of its log B/A, from its own rounds (same order as the ratios)."""
+        ses = cache[concurrency].get("ratio_se_to_parent") or []
+        return _samples(ses if all(x is not None for x in ses) else [])
+
+    track_ratio_se_to_parent.unit = "log ratio"
+
+    def track_minutes(self, cache, concurrency):
+        """Machine minutes the paired measurement of this level took (more where it was undecided)."""
+        value = cache[concurrency].get("minutes")
+        return math.nan if value is None else value
+
+    track_minutes.unit = "minutes"
+
+    def track_calls(self, cache, concurrency):
+        """Paired levels per side that decided the verdict."""
+        value = cache[concurrency].get("calls")
+        return math.nan if value is None else value
+
+    track_calls.unit = "calls"

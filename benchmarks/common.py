@@ -1,4 +1,6 @@
-"""Shared by the asv suites: the device under test and asv's way of skipping."""
+"""Shared by the asv suites: the device under test, asv's way of skipping, and the walk's settings."""
+
+import os
 
 from b70bench import device
 from b70bench.errors import UsageError
@@ -16,3 +18,33 @@ def skip_if(reason: str | None) -> None:
     """asv skips a benchmark whose setup raises NotImplementedError; reason says why."""
     if reason:
         raise NotImplementedError(reason)
+
+
+def whole_from_env(name: str, default: int, least: int, what: str) -> int:
+    """A whole-number setting from the environment, default when unset; a bad one skips with its fix."""
+    text = os.environ.get(name)
+    if not text:
+        return default
+    if not text.isdigit() or int(text) < least:
+        raise NotImplementedError(f"{name}={text!r}: set a whole number of {what} >= {least}")
+    return int(text)
+
+
+def budget_s_from_env(name: str, default_min: float, least_min: float) -> float:
+    """A paired measurement's budget: minutes from the environment, in seconds; a bad one skips with its fix."""
+    text = os.environ.get(name)
+    if not text:
+        return default_min * 60
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if value < least_min:
+        raise NotImplementedError(f"{name}={text!r}: set {least_min:g} or more minutes per commit")
+    return value * 60
+
+
+def paired_walk(dev, switch: str) -> bool:
+    """Walking commits on the CPU (asv sets ASV_COMMIT): measure each against its git parent, paired in time,
+    unless the switch variable is 0 (`make bench`, one commit: per-start samples)."""
+    return bool(os.environ.get("ASV_COMMIT")) and dev.backend == "cpu" and os.environ.get(switch) != "0"

@@ -303,3 +303,33 @@ def test_blocks_with_their_standard_errors_decide_where_four_block_values_cannot
     html, commits = project(tmp_path / "bare", [1.0] * 6, paired=bare, subjects=SUBJECTS)
     rows = {v["commit"]: v for v in json.loads((html / "b70bench-verdicts.json").read_text())["verdicts"]}
     assert rows[commits[3]]["verdict"] == stats.UNDECIDED, rows[commits[3]]
+
+
+def test_serve_latency_is_decided_by_serves_own_paired_ratios(tmp_path, monkeypatch):
+    """A walk of the serve suite pairs each commit's level with its parent's (bench_serve.Serve's ratios): its
+    E2E figure gets the paired verdict, an 8% slowdown named at its commit and the no-op commits not, and the
+    paired figures are withdrawn from asv's fit. Decode's figure names are swapped for serve's in this module's
+    result writer."""
+    me = sys.modules[__name__]
+    serve = {
+        "SECONDS": "bench_serve.Serve.track_e2e_s",
+        "RATIO": "bench_serve.Serve.track_ratio_to_parent",
+        "RATIO_SE": "bench_serve.Serve.track_ratio_se_to_parent",
+        "MINUTES": "bench_serve.Serve.track_minutes",
+        "CALLS": "bench_serve.Serve.track_calls",
+    }
+    units = {serve[k]: UNITS[getattr(me, k)] for k in serve}
+    for k, v in serve.items():
+        monkeypatch.setattr(me, k, v)
+    monkeypatch.setattr(me, "UNITS", {**units, RATE: "tok/s", KEY: "changed"})
+    rng = random.Random(5)
+    blocks = lambda centre: [centre * math.exp(rng.gauss(0, BLOCK_SD)) for _ in range(8)]  # noqa: E731
+    paired = {i: (blocks(SLOW if i == 3 else NOOP), 14.0, 24) for i in range(1, 6)}
+    html, commits = project(tmp_path, [1.0] * 6, paired=paired, subjects=SUBJECTS)
+    named = named_commits(html)
+    assert named.get(serve["SECONDS"]) == {commits[3]}, named
+    assert not {serve["RATIO"], serve["MINUTES"], serve["CALLS"]} & set(named), named
+    rows = {v["commit"]: v for v in json.loads((html / "b70bench-verdicts.json").read_text())["verdicts"]}
+    assert all(v["rule"] == "paired" for v in rows.values()), rows
+    assert rows[commits[3]]["verdict"] == stats.SLOWER and rows[commits[3]]["calls"] == 24, rows[commits[3]]
+    assert [rows[commits[i]]["verdict"] for i in (1, 2, 4, 5)].count(stats.SLOWER) == 0, rows

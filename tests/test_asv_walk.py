@@ -133,8 +133,8 @@ def git(repo: Path, *args: str) -> str:
     ).stdout.strip()
 
 
-def build_history(repo: Path) -> dict[str, str]:
-    """A copy of the project with six commits; returns step name -> commit hash."""
+def copy_project(repo: Path) -> None:
+    """This checkout's tracked files (its shipped patch set included, no results) in a new git repository."""
     files = (
         subprocess.run(["git", "-C", str(ROOT), "ls-files", "-z"], check=True, capture_output=True, timeout=60)
         .stdout.decode()
@@ -147,6 +147,11 @@ def build_history(repo: Path) -> dict[str, str]:
             shutil.copy2(src, repo / rel)
     shutil.copytree(ROOT / "patches", repo / "patches")
     git(repo, "init", "-q", "-b", "main")
+
+
+def build_history(repo: Path) -> dict[str, str]:
+    """A copy of the project with six commits; returns step name -> commit hash."""
+    copy_project(repo)
     commits = {}
 
     def commit(step: str, message: str) -> None:

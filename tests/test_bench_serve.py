@@ -1,5 +1,8 @@
 """The serve suite's asv adapter (benchmarks/bench_serve.py): one sample per start and level, gate-withheld starts
-give none, and the figures the website decides are the ones asv_plugin lists."""
+give none, and the figures the website decides are the ones asv_plugin lists; walking commits, one sample per
+paired block against the parent."""
+
+import math
 
 import pytest
 
@@ -40,3 +43,58 @@ def test_serve_adapter_samples_per_start_and_level(monkeypatch):
         assert f"bench_serve.Serve.{name}" in asv_plugin.DECIDED
     with pytest.raises(NotImplementedError):
         b.setup(cache, 4)
+
+
+def test_walking_commits_pairs_each_level_with_the_parent(monkeypatch, tmp_path):
+    """In an asv walk on the CPU each level is compare.against_parent with serve's pairing: per block, this
+    commit's E2E and its B/A; a gate that failed withholds the speed samples but keeps the minutes."""
+    from types import SimpleNamespace
+
+    from b70bench import compare
+    from b70bench.serve import pair as serve_pair
+    from benchmarks import bench_serve, common
+
+    cpu = SimpleNamespace(backend="cpu")
+    monkeypatch.delenv("B70BENCH_SERVE_PAIRED", raising=False)
+    monkeypatch.delenv("ASV_COMMIT", raising=False)
+    assert not common.paired_walk(cpu, "B70BENCH_SERVE_PAIRED")  # `make bench`-like: no commit walked
+    monkeypatch.setenv("ASV_COMMIT", "cd" * 20)
+    assert common.paired_walk(cpu, "B70BENCH_SERVE_PAIRED")
+    assert not common.paired_walk(SimpleNamespace(backend="cuda"), "B70BENCH_SERVE_PAIRED")
+
+    seen = []
+
+    def fake_against_parent(repo, commit, env, out_dir, measure, **kw):
+        seen.append((commit, out_dir.name, measure, kw["concurrency"], kw["first_blocks"], kw["budget_s"]))
+        gate = 1 if kw["concurrency"] == 4 else 0
+        return {
+            "sides": {"B": {"gate": gate}},
+            "block_e2e_s": {"A": [0.80, 0.82, 0.81], "B": [0.90, 0.93, 0.91]},
+            "block_ratios": [1.12, 1.13, 1.11],
+            "block_log_ses": [0.02, 0.03, 0.02],
+            "minutes": 13.5,
+            "calls_per_side": 24,
+        }
+
+    monkeypatch.setattr(compare, "against_parent", fake_against_parent)
+    monkeypatch.setattr(bench_serve.Serve, "params", [[1, 4, 16]])
+    monkeypatch.setattr(bench_serve, "select_device", lambda: cpu)
+    monkeypatch.setattr(bench_serve.decode, "unavailable_reason", lambda dev: None)
+    monkeypatch.setenv("B70BENCH_CACHE", str(tmp_path))
+    monkeypatch.setenv("B70BENCH_SERVE_BUDGET_MIN", "12")
+    b = bench_serve.Serve()
+    cache = b.setup_cache()
+    assert [(c, n, m, k, f) for c, n, m, k, f, _ in seen] == [
+        ("cd" * 20, f"c{k}", serve_pair.compare_series, k, compare.WALK_FIRST_BLOCKS) for k in (1, 4, 16)
+    ]
+    assert {budget for *_, budget in seen} == {720}
+    assert b.track_ratio_to_parent(cache, 16) == {"samples": [1.12, 1.13, 1.11], "number": 1}
+    assert b.track_ratio_se_to_parent(cache, 16)["samples"] == [0.02, 0.03, 0.02]
+    assert b.track_e2e_s(cache, 16)["samples"] == [0.90, 0.93, 0.91]  # this commit's side, per block
+    assert b.track_minutes(cache, 16) == 13.5 and b.track_calls(cache, 16) == 24
+    assert math.isnan(b.track_ratio_to_parent(cache, 4)) and math.isnan(b.track_e2e_s(cache, 4))  # gate failed
+    assert b.track_minutes(cache, 4) == 13.5
+    assert math.isnan(b.track_tpot_s(cache, 16)) and math.isnan(b.track_startup_s(cache, 16))  # not paired
+    monkeypatch.setenv("B70BENCH_SERVE_BUDGET_MIN", "0.5")
+    with pytest.raises(NotImplementedError, match="B70BENCH_SERVE_BUDGET_MIN"):
+        b.setup_cache()

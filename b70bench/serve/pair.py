@@ -117,6 +117,7 @@ def compare_series(
     min_effect: float,
     floor: float,
     rounds: int = DEFAULT_ROUNDS,
+    first_blocks: int = 4,
     python: str | None = None,
     cache_dir: Path | None = None,
     out=print,
@@ -145,6 +146,7 @@ def compare_series(
         level=pair.per_look_level(level),
         min_effect=min_effect,
         floor=floor,
+        first_blocks=first_blocks,
         out=out,
     )
     good = result.good
@@ -164,6 +166,7 @@ def compare_series(
         **compare.verdict_fields(result, min_effect),
         "median_a": statistics.median(e2e["A"]) if e2e["A"] else None,
         "median_b": statistics.median(e2e["B"]) if e2e["B"] else None,
+        "block_e2e_s": e2e,
         "series": {s: str(d) for s, d in dirs.items()},
         "sides": {s: facts(s) for s in pair.SIDES},
         "block_records": [b.to_json() for b in result.blocks],
