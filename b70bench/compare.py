@@ -424,7 +424,7 @@ def register(sub) -> None:
         "--rounds",
         type=int,
         default=None,
-        help=f"paired rounds per block (default {pair.DEFAULT_ROUNDS} for decode, 8 for serve)",
+        help=f"paired rounds per block (default {pair.DEFAULT_ROUNDS} for decode, {pair.MIN_ROUNDS_FOR_SE} for serve)",
     )
     p.add_argument("--level", type=float, default=DEFAULT_LEVEL, help="overall interval level (default 0.95)")
     p.add_argument(

@@ -24,7 +24,10 @@ from b70bench.decode import model as modelmod
 from b70bench.serve import server, suite
 
 DEFAULT_CONCURRENCY = 16
-DEFAULT_ROUNDS = 8
+# Paired levels a side per block: enough for the block's own standard error (pair.MIN_ROUNDS_FOR_SE). With 8, the
+# blocks were combined by the t over their values, and three blocks of a ~19% slowdown at 16 requests (1.14-1.25)
+# left it undecided at the walk's level.
+DEFAULT_ROUNDS = pair.MIN_ROUNDS_FOR_SE
 
 
 def side_env(base_env: dict, side: pair.Side, embedded: bool) -> dict:
