@@ -19,7 +19,6 @@ seeds' shapes. B70BENCH_DECODE_SHAPES
 (space-separated, e.g. "p512n512 p512n1536") overrides; B70BENCH_DECODE_MODEL picks a model.
 """
 
-import math
 import os
 from pathlib import Path
 
@@ -29,7 +28,7 @@ from b70bench.decode import pair
 from b70bench.decode import suite as decode_suite
 from b70bench.fingerprint import fingerprint
 
-from .common import budget_s_from_env, paired_walk, select_device, skip_if, whole_from_env
+from .common import budget_s_from_env, paired_walk, samples, select_device, skip_if, value, whole_from_env
 
 CPU_SHAPES = ["p128n128b1"]
 GPU_SHAPES = ["p512n512b1", "p512n1536b1", "p512n2048b1"]
@@ -111,15 +110,6 @@ def _paired_summary(shape: str, dev) -> dict:
     return summary
 
 
-def _seconds(per_start):
-    return {"samples": per_start, "number": 1} if per_start else math.nan
-
-
-def _figure(rec, key):
-    value = rec.get(key)
-    return math.nan if value is None else value
-
-
 class Decode:
     """Warm run (persistent compile cache), iterations timed inside one vLLM start."""
 
@@ -161,64 +151,64 @@ class Decode:
             raise NotImplementedError(f"{shape} was not measured")
 
     def track_s_per_output_token(self, cache, shape):
-        return _seconds(cache[shape]["starts_s_per_output_token"])
+        return samples(cache[shape]["starts_s_per_output_token"])
 
     track_s_per_output_token.unit = "seconds"
 
     def track_s_per_total_token(self, cache, shape):
-        return _seconds(cache[shape]["starts_s_per_total_token"])
+        return samples(cache[shape]["starts_s_per_total_token"])
 
     track_s_per_total_token.unit = "seconds"
 
     def track_ratio_to_parent(self, cache, shape):
         """This commit's seconds per output token over its parent's, one sample per block of paired calls."""
-        return _seconds(cache[shape].get("ratio_to_parent"))
+        return samples(cache[shape].get("ratio_to_parent"))
 
     track_ratio_to_parent.unit = "ratio"
 
     def track_ratio_se_to_parent(self, cache, shape):
         """Each block's standard error of its log B/A, from its own rounds (same order as the ratios)."""
         ses = cache[shape].get("ratio_se_to_parent") or []
-        return _seconds(ses if ses and all(s is not None for s in ses) else [])
+        return samples(ses if ses and all(s is not None for s in ses) else [])
 
     track_ratio_se_to_parent.unit = "log ratio"
 
     def track_minutes(self, cache, shape):
         """Machine minutes the paired measurement took (more where it was undecided)."""
-        return _figure(cache[shape], "minutes")
+        return value(cache[shape], "minutes")
 
     track_minutes.unit = "minutes"
 
     def track_calls(self, cache, shape):
         """Timed calls per side that decided the verdict."""
-        return _figure(cache[shape], "calls")
+        return value(cache[shape], "calls")
 
     track_calls.unit = "calls"
 
     def track_output_tok_per_s(self, cache, shape):
-        return _figure(cache[shape], "output_tok_per_s")
+        return value(cache[shape], "output_tok_per_s")
 
     track_output_tok_per_s.unit = "tok/s"
 
     def track_kv_cache_tokens(self, cache, shape):
-        return _figure(cache[shape], "kv_cache_tokens")
+        return value(cache[shape], "kv_cache_tokens")
 
     track_kv_cache_tokens.unit = "tokens"
 
     def track_gate(self, cache, shape):
         """0 pass, 1 fail (also a failed run); NaN while no hash is pinned for this stack."""
-        return _figure(cache[shape], "gate")
+        return value(cache[shape], "gate")
 
     track_gate.unit = "fail"
 
     def track_aot_key_differs_from_pin(self, cache, shape):
         """0: vLLM chose the pinned AOT graph for this machine and config; 1: another (an upward step)."""
-        return _figure(cache[shape]["cache_key"], "aot_differs")
+        return value(cache[shape]["cache_key"], "aot_differs")
 
     track_aot_key_differs_from_pin.unit = "changed"
 
     def track_piecewise_key_differs_from_pin(self, cache, shape):
         """The same for the 10-hex piecewise key; NaN where vLLM writes none (the CPU)."""
-        return _figure(cache[shape]["cache_key"], "piecewise_differs")
+        return value(cache[shape]["cache_key"], "piecewise_differs")
 
     track_piecewise_key_differs_from_pin.unit = "changed"

@@ -17,7 +17,6 @@ verdict on E2E is read from), with the minutes and levels it took. B70BENCH_SERV
 measures separate starts instead, as above.
 """
 
-import math
 import os
 from pathlib import Path
 
@@ -27,7 +26,7 @@ from b70bench.serve import cli as serve_cli
 from b70bench.serve import pair as serve_pair
 from b70bench.serve import suite as serve_suite
 
-from .common import budget_s_from_env, paired_walk, select_device, skip_if, whole_from_env
+from .common import budget_s_from_env, paired_walk, samples, select_device, skip_if, value, whole_from_env
 
 STARTS = 2
 # Goodput SLOs on the CPU default: about 3x the tiny model's batch-1 TTFT and TPOT here.
@@ -50,10 +49,6 @@ def _starts() -> int:
     if not text.isdigit() or int(text) < 1:
         raise NotImplementedError(f"B70BENCH_SERVE_STARTS={text!r}: set a whole number of starts >= 1")
     return int(text)
-
-
-def _samples(values):
-    return {"samples": values, "number": 1} if values else math.nan
 
 
 def _paired_level(concurrency: int) -> dict:
@@ -122,61 +117,59 @@ class Serve:
 
     def track_tpot_s(self, cache, concurrency):
         """Median time per output token after the first, per start (vLLM's TPOT)."""
-        return _samples(cache[concurrency].get("tpot_s_median"))
+        return samples(cache[concurrency].get("tpot_s_median"))
 
     track_tpot_s.unit = "seconds"
 
     def track_e2e_s(self, cache, concurrency):
         """Median request latency, first byte sent to last token received, per start (vLLM's E2EL)."""
-        return _samples(cache[concurrency]["e2e_s_median"])
+        return samples(cache[concurrency]["e2e_s_median"])
 
     track_e2e_s.unit = "seconds"
 
     def track_ttft_s(self, cache, concurrency):
-        return _samples(cache[concurrency].get("ttft_s_median"))
+        return samples(cache[concurrency].get("ttft_s_median"))
 
     track_ttft_s.unit = "seconds"
 
     def track_goodput_request_per_s(self, cache, concurrency):
         """Requests per second that met B70BENCH_SERVE_SLO, per start."""
-        return _samples(cache[concurrency].get("goodput_request_per_s"))
+        return samples(cache[concurrency].get("goodput_request_per_s"))
 
     track_goodput_request_per_s.unit = "request/s"
 
     def track_output_tok_per_s(self, cache, concurrency):
-        return _samples(cache[concurrency].get("output_tok_per_s"))
+        return samples(cache[concurrency].get("output_tok_per_s"))
 
     track_output_tok_per_s.unit = "tok/s"
 
     def track_startup_s(self, cache, concurrency):
         """Seconds from the server's launch to a healthy /health (the same for every level of a start)."""
-        return _samples(cache.get("startup_s"))
+        return samples(cache.get("startup_s"))
 
     track_startup_s.unit = "seconds"
 
     def track_ratio_to_parent(self, cache, concurrency):
         """Walking commits: this level's median E2E over the parent's, one sample per block of paired levels."""
-        return _samples(cache[concurrency].get("ratio_to_parent"))
+        return samples(cache[concurrency].get("ratio_to_parent"))
 
     track_ratio_to_parent.unit = "ratio"
 
     def track_ratio_se_to_parent(self, cache, concurrency):
         """Each block's standard error of its log B/A, from its own rounds (same order as the ratios)."""
         ses = cache[concurrency].get("ratio_se_to_parent") or []
-        return _samples(ses if all(x is not None for x in ses) else [])
+        return samples(ses if all(x is not None for x in ses) else [])
 
     track_ratio_se_to_parent.unit = "log ratio"
 
     def track_minutes(self, cache, concurrency):
         """Machine minutes the paired measurement of this level took (more where it was undecided)."""
-        value = cache[concurrency].get("minutes")
-        return math.nan if value is None else value
+        return value(cache[concurrency], "minutes")
 
     track_minutes.unit = "minutes"
 
     def track_calls(self, cache, concurrency):
         """Paired levels per side that decided the verdict."""
-        value = cache[concurrency].get("calls")
-        return math.nan if value is None else value
+        return value(cache[concurrency], "calls")
 
     track_calls.unit = "calls"

@@ -1,5 +1,6 @@
-"""Shared by the asv suites: the device under test, asv's way of skipping, and the walk's settings."""
+"""Shared by the asv suites: the device under test, asv's way of skipping, the walk's settings, asv's values."""
 
+import math
 import os
 
 from b70bench import device
@@ -48,3 +49,14 @@ def paired_walk(dev, switch: str) -> bool:
     """Walking commits on the CPU (asv sets ASV_COMMIT): measure each against its git parent, paired in time,
     unless the switch variable is 0 (`make bench`, one commit: per-start samples)."""
     return bool(os.environ.get("ASV_COMMIT")) and dev.backend == "cpu" and os.environ.get(switch) != "0"
+
+
+def samples(values):
+    """A track figure with one sample per start or block (asv's interval sees their spread); NaN where none."""
+    return {"samples": values, "number": 1} if values else math.nan
+
+
+def value(record: dict, key: str):
+    """A one-value track figure; NaN where the record has none."""
+    got = record.get(key)
+    return math.nan if got is None else got
