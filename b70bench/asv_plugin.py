@@ -56,6 +56,7 @@ PAIRED_BY = {
     "bench_serve.Serve.track_e2e_s": "bench_serve.Serve",
 }
 PAIRED_FIGURES = ("track_ratio_to_parent", "track_ratio_se_to_parent", "track_minutes", "track_calls")
+PAIRED_SUITES = tuple(dict.fromkeys(PAIRED_BY.values()))
 # Withdrawn from asv's list: the higher-is-better twins of DECIDED (asv would list a speed-up as a
 # regression) and the paired measurement's figures (a ratio near 1 or a machine-minute count is no speed).
 WITHDRAWN = (
@@ -63,7 +64,7 @@ WITHDRAWN = (
     "bench_decode.Decode.track_total_tok_per_s",
     "bench_serve.Serve.track_goodput_request_per_s",
     "bench_serve.Serve.track_output_tok_per_s",
-    *(f"{suite}.{figure}" for suite in dict.fromkeys(PAIRED_BY.values()) for figure in PAIRED_FIGURES),
+    *(f"{suite}.{figure}" for suite in PAIRED_SUITES for figure in PAIRED_FIGURES),
 )
 NOTE_ID = "b70bench-verdicts"
 FEED = "b70bench-verdicts.xml"
@@ -364,14 +365,14 @@ def _write_feed(conf, benchmarks, results: list, rows) -> None:
     """b70bench-verdicts.xml: an Atom entry per verdict (every word), dated when its commit was measured."""
     when: dict[tuple[str, str], int] = {}
     for res in results:
-        for key in (*DECIDED, *(f"{suite}.track_ratio_to_parent" for suite in set(PAIRED_BY.values()))):
+        for key in (*DECIDED, *(f"{suite}.{PAIRED_FIGURES[0]}" for suite in PAIRED_SUITES)):
             stamp = res.started_at.get(key) or res.date
             if stamp:
                 when[key, res.commit_hash] = max(when.get((key, res.commit_hash), 0), stamp)
     entries = []
     for name, params, j, v in rows:
         bare = name.split("(", 1)[0]
-        key = f"{PAIRED_BY[bare]}.track_ratio_to_parent" if v.rule == verdicts.PAIRED else bare
+        key = f"{PAIRED_BY[bare]}.{PAIRED_FIGURES[0]}" if v.rule == verdicts.PAIRED else bare
         stamp = when.get((key, v.commit)) or when.get((bare, v.commit))
         updated = (
             datetime.datetime.fromtimestamp(stamp / 1000, tz=datetime.UTC)
