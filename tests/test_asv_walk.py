@@ -220,6 +220,24 @@ def run_asv(repo: Path, conf: Path, *args: str, timeout: int, **extra_env: str) 
     )
 
 
+def run_walk(repo: Path, conf: Path, hashes: Path, *benches: str, timeout: int, **extra_env: str):
+    """`asv run --record-samples` of the selected benchmarks over the commits listed in `hashes`."""
+    selected = [arg for bench in benches for arg in ("--bench", bench)]
+    return run_asv(
+        repo,
+        conf,
+        "run",
+        "--machine",
+        "b70bench-walk",
+        "--show-stderr",
+        "--record-samples",
+        *selected,
+        f"HASHFILE:{hashes}",
+        timeout=timeout,
+        **extra_env,
+    )
+
+
 def regressions(html: Path) -> dict[str, list[tuple[str, str]]]:
     """benchmark name -> [(first bad commit, last good commit)] from asv publish's regressions.json."""
     data = json.loads((html / "regressions.json").read_text())
@@ -321,17 +339,11 @@ def test_asv_walk_over_patch_sets(tmp_path):
     t0 = time.monotonic()
     assert run_asv(repo, conf, "machine", "--yes", "--machine", "b70bench-walk", timeout=120).returncode == 0
     with Hog(cache, commits["noop"], commits["cache-key"]) as hog:
-        walk = run_asv(
+        walk = run_walk(
             repo,
             conf,
-            "run",
-            "--machine",
-            "b70bench-walk",
-            "--show-stderr",
-            "--record-samples",
-            "--bench",
+            tmp_path / "hashes.txt",
             "Decode",
-            f"HASHFILE:{tmp_path / 'hashes.txt'}",
             timeout=2400,
             B70BENCH_CACHE=str(cache),
             B70BENCH_DECODE_BUDGET_MIN=str(WALK_BUDGET_MIN),
@@ -344,17 +356,11 @@ def test_asv_walk_over_patch_sets(tmp_path):
     names = list(commits)
     (tmp_path / "kernel-hashes.txt").write_text("\n".join(commits[n] for n in names[names.index("cache-key") :]) + "\n")
     # Only the figure asserted on: asv starts a process per selected parameter combination (~1 s each).
-    kernels = run_asv(
+    kernels = run_walk(
         repo,
         conf,
-        "run",
-        "--machine",
-        "b70bench-walk",
-        "--show-stderr",
-        "--record-samples",
-        "--bench",
+        tmp_path / "kernel-hashes.txt",
         r"MoeDown\.track_time\('vllm'",
-        f"HASHFILE:{tmp_path / 'kernel-hashes.txt'}",
         timeout=1200,
         B70BENCH_MOE_VARIANTS="vllm",
         B70BENCH_CACHE=str(cache),

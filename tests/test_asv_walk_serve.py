@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 import pytest
-from test_asv_walk import SPEED_FIGURE, asv_conf, copy_project, git, regressions, run_asv
+from test_asv_walk import SPEED_FIGURE, asv_conf, copy_project, git, regressions, run_asv, run_walk
 
 from b70bench.patches import synthetic
 
@@ -77,19 +77,12 @@ def test_serve_walk_names_a_patch_that_costs_only_under_concurrency(tmp_path):
     (tmp_path / "hashes.txt").write_text(commits["sched"] + "\n")
     assert run_asv(repo, conf, "machine", "--yes", "--machine", "b70bench-walk", timeout=120).returncode == 0
     t0 = time.monotonic()
-    walk = run_asv(
+    walk = run_walk(
         repo,
         conf,
-        "run",
-        "--machine",
-        "b70bench-walk",
-        "--show-stderr",
-        "--record-samples",
-        "--bench",
+        tmp_path / "hashes.txt",
         "Decode",
-        "--bench",
         "Serve",
-        f"HASHFILE:{tmp_path / 'hashes.txt'}",
         timeout=3600,
         B70BENCH_CACHE=str(tmp_path / "b70bench-cache"),
         B70BENCH_DECODE_BUDGET_MIN=str(DECODE_BUDGET_MIN),
