@@ -15,7 +15,7 @@ Asserted on the published verdicts: noop named on no speed figure; large named s
 recorded, not asserted: whether a 3-5% change is named within 10 minutes is the power this walk measures, and
 a test must not fail on the afternoon it is not (docs/patch-sets-and-asv.md has the recorded runs).
 
-Opt-in (B70BENCH_POWER_WALK=1): about 40 minutes on the 2-core VM. B70BENCH_KEEP_RESULTS=DIR keeps the summary
+Opt-in (B70BENCH_POWER_WALK=1): about 30 minutes on the 2-core VM. B70BENCH_KEEP_RESULTS=DIR keeps the summary
 and the published site.
 """
 
@@ -38,7 +38,7 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(
         os.environ.get("B70BENCH_POWER_WALK") != "1",
-        reason="a ~40-minute walk at the loop's defaults: set B70BENCH_POWER_WALK=1 (recorded runs in docs)",
+        reason="a ~30-minute walk at the loop's defaults: set B70BENCH_POWER_WALK=1 (recorded runs in docs)",
     ),
 ]
 
