@@ -22,10 +22,8 @@ import contextlib
 import json
 import os
 import signal
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -33,13 +31,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from b70bench import compare, patches, stats  # noqa: E402
 from b70bench.decode import pair as pairing  # noqa: E402
+from b70bench.hog import Hog  # noqa: E402
 from b70bench.patches import synthetic  # noqa: E402
 
 HOG_AFTER_S, HOG_FOR_S = 60.0, 120.0
-# The hog's niceness: at 0 it takes half of a core, and every OpenMP barrier of the engine then waits for the
-# thread sharing that core (calls went 5-10x slower, far beyond the host's own 1.5-1.7x); at 10 it gets about a
-# tenth of a core.
-HOG_NICE = 10
 
 
 def series_for(pair: str, tmp: Path, text: str) -> Path:
@@ -59,36 +54,6 @@ def series_for(pair: str, tmp: Path, text: str) -> Path:
     new = edit(text, int(reps), int(size)) if size else edit(text, int(reps))
     patch = synthetic.diff(text, new, f"{pair}: deliberate work")
     return synthetic.write_series(tmp / pair.replace(":", "-"), {"work.patch": patch})
-
-
-class Hog:
-    """One core kept busy from HOG_AFTER_S to HOG_AFTER_S + HOG_FOR_S, stopped by PID."""
-
-    def __init__(self):
-        self.proc, self.done, self.ran = None, threading.Event(), False
-        self.thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self):
-        if self.done.wait(HOG_AFTER_S):
-            return
-        self.proc = subprocess.Popen(["nice", "-n", str(HOG_NICE), sys.executable, "-c", "while True: pass"])
-        self.ran = True
-        self.done.wait(HOG_FOR_S)
-        self.stop()
-
-    def stop(self):
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-
-    def __enter__(self):
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.done.set()
-        self.thread.join(timeout=5)
-        self.stop()
 
 
 def pair_cpus() -> str:
@@ -133,7 +98,7 @@ def main() -> int:
                 if pin is not None:
                     os.environ["B70BENCH_PAIR_CPUS"] = pin
                 out_dir = root / f"{pair.replace(':', '-')}-{rep}-{time.strftime('%H%M%S')}"
-                with Hog() if args.hog else contextlib.nullcontext() as hog:
+                with Hog().after(HOG_AFTER_S, HOG_FOR_S) if args.hog else contextlib.nullcontext() as hog:
                     res = compare.compare_series(
                         {"A": base, "B": dirs[pair]},
                         env,

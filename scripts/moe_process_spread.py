@@ -21,6 +21,10 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from b70bench.hog import Hog  # noqa: E402
+
 CHILD = """
 import json, sys
 from b70bench import device, moe
@@ -30,8 +34,9 @@ print(json.dumps([{k: r.get(k) for k in ("variant", "tokens", "samples_s", "skip
 
 
 def run_once(variants: str, hog: bool, repeat: int) -> list[dict]:
-    busy = subprocess.Popen(["nice", "-n", "10", sys.executable, "-c", "while True: pass"]) if hog else None
-    try:
+    with Hog() as busy:
+        if hog:
+            busy.start()
         out = subprocess.run(
             [sys.executable, "-c", CHILD, variants, str(repeat)],
             capture_output=True,
@@ -40,10 +45,6 @@ def run_once(variants: str, hog: bool, repeat: int) -> list[dict]:
             cwd=ROOT,
             check=True,
         )
-    finally:
-        if busy:
-            busy.kill()
-            busy.wait()
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 

@@ -43,6 +43,7 @@ from pathlib import Path
 
 import pytest
 
+from b70bench.hog import Hog
 from b70bench.patches import synthetic
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -69,7 +70,7 @@ GRAPH_SIZE = 16
 # where blocks of 96 fitted two (two blocks that disagree leave even a large change undecided).
 WALK_BUDGET_MIN = 4
 WALK_ROUNDS = 64
-# When the hog starts and stops, seconds into the measurement of the two commits given to Hog.
+# When the hog starts and stops, seconds into the measurement of the two commits given to hog_between.
 HOG_DELAY_S = 45
 
 pytestmark = pytest.mark.slow
@@ -299,53 +300,29 @@ def block_starts_s(cache: Path, commit: str) -> list[float]:
 PATCHES: dict[str, str] = {}
 
 
-class Hog:
-    """A CPU hog (a busy loop at nice 10), started and stopped by PID at set points of the walk.
+def hog_between(cache: Path, start_commit: str, stop_commit: str) -> Hog:
+    """The CPU hog (b70bench.hog), started and stopped by PID at set points of the walk.
 
-    At nice 0 it took half a core and every OpenMP barrier of the engine waited on the thread sharing that
-    core: calls ran 5-10x slower, blocks took three minutes. At nice 10, with the engines unpinned, it slowed
-    calls 4-5x the same way; with both engines pinned to one core (compare's default) it takes the other
-    core and the host around it, moving call times far less: the drift the verdicts must survive, not a
-    stall (docs/patch-sets-and-asv.md "Engine placement").
+    With the engines unpinned it slowed calls 4-5x (every OpenMP barrier waits on the core it shares); with both
+    engines pinned to one core (compare's default) it takes the other core and the host around it, moving call
+    times far less: the drift the verdicts must survive, not a stall (docs/patch-sets-and-asv.md "Engine
+    placement").
 
     Each verdict's measurement writes its logs under B70BENCH_CACHE/asv-paired/<commit>; the hog starts
     HOG_DELAY_S after the first named commit's directory appears and stops HOG_DELAY_S after the second's.
     """
+    dirs = [cache / "asv-paired" / c[:12] for c in (start_commit, stop_commit)]
 
-    def __init__(self, cache: Path, start_commit: str, stop_commit: str):
-        self.dirs = [cache / "asv-paired" / c[:12] for c in (start_commit, stop_commit)]
-        self.proc, self.events, self.done = None, [], threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.t0 = time.monotonic()
+    def appeared(d: Path):
+        def wait(done: threading.Event) -> bool:
+            while not d.exists():
+                if done.wait(2.0):
+                    return False
+            return not done.wait(HOG_DELAY_S)
 
-    def _wait_for(self, d: Path) -> bool:
-        while not d.exists():
-            if self.done.wait(2.0):
-                return False
-        return not self.done.wait(HOG_DELAY_S)
+        return wait
 
-    def _run(self) -> None:
-        if not self._wait_for(self.dirs[0]):
-            return
-        self.proc = subprocess.Popen(["nice", "-n", "10", sys.executable, "-c", "while True: pass"])
-        self.events.append(("hog started", round(time.monotonic() - self.t0, 1), self.proc.pid))
-        if self._wait_for(self.dirs[1]) or self.done.is_set():
-            self.stop()
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.kill(self.proc.pid, 9)
-            self.proc.wait()
-            self.events.append(("hog stopped", round(time.monotonic() - self.t0, 1), self.proc.pid))
-
-    def __enter__(self):
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.done.set()
-        self.thread.join(timeout=10)
-        self.stop()
+    return Hog().between(appeared(dirs[0]), appeared(dirs[1]))
 
 
 def test_asv_walk_over_patch_sets(tmp_path):
@@ -360,7 +337,7 @@ def test_asv_walk_over_patch_sets(tmp_path):
     (tmp_path / "hashes.txt").write_text("\n".join(commits[n] for n in decoded) + "\n")
     t0 = time.monotonic()
     assert run_asv(repo, conf, "machine", "--yes", "--machine", "b70bench-walk", timeout=120).returncode == 0
-    with Hog(cache, commits["noop"], commits["cache-key"]) as hog:
+    with hog_between(cache, commits["noop"], commits["cache-key"]) as hog:
         walk = run_walk(
             repo,
             conf,
