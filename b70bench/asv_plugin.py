@@ -37,6 +37,7 @@ from asv.publishing import OutputPublisher
 from asv.results import iter_results
 
 from b70bench import stats, verdicts
+from b70bench.figures import measured, measured_samples
 
 # Per-start figures (lower is better) b70bench decides; asv's step fit still decides every other figure.
 DECIDED = (
@@ -94,10 +95,10 @@ def _figure(results: list, benchmarks, name: str, graph, revisions: dict) -> dic
         except KeyError:
             continue
         for k, combo in enumerate(itertools.product(*params)):
-            value = values[k] if k < len(values) else None
-            s = samples[k] if samples and k < len(samples) else None
+            value = measured(values[k]) if values and k < len(values) else None
+            s = measured_samples(samples[k]) if samples and k < len(samples) else None
             if value is not None or s:
-                out.setdefault(tuple(combo), {})[res.commit_hash] = (tuple(s) if s else None, value)
+                out.setdefault(tuple(combo), {})[res.commit_hash] = (s, value)
     return out
 
 
@@ -105,21 +106,21 @@ def _single(figure: dict, combo: tuple, commit: str):
     """The value of a one-value figure (minutes, calls) at this parameter combination, else the unparameterized one."""
     for key in (combo, ()):
         got = figure.get(key, {}).get(commit)
-        if got and got[1] is not None:
-            return got[1]
+        if got and measured(got[1]) is not None:
+            return measured(got[1])
     return None
 
 
 def _level(samples, value) -> float | None:
     """A commit's figure: the geometric mean of its samples, else asv's value."""
-    good = [s for s in samples or () if s is not None and s > 0]
-    return stats.geomean(good) if good else value
+    good = [s for s in measured_samples(samples) or () if s > 0]
+    return stats.geomean(good) if good else measured(value)
 
 
 def _extra(minutes: dict, calls: dict, combo: tuple, commit: str) -> tuple[float | None, int | None]:
     """(machine minutes, timed calls per side) of one commit's measurement, where recorded."""
     m, c = _single(minutes, combo, commit), _single(calls, combo, commit)
-    return (None if m is None else float(m), None if c is None else int(c))
+    return (m, None if c is None else round(c))
 
 
 def _around(v: verdicts.Verdict, seconds: dict) -> tuple[float, float]:

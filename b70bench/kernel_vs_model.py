@@ -15,13 +15,13 @@ wobble of a few percent is not read as a slowdown.
 from __future__ import annotations
 
 import json
-import math
 import re
 import sys
 from pathlib import Path
 
 from b70bench import records, state, stats, verdicts
 from b70bench.errors import UsageError
+from b70bench.figures import measured, measured_samples
 
 # Time figures of the isolated suites (bandwidths read the other way round, so they are left out)...
 KERNEL_RE = r"^bench_(moe_down|allreduce)\.\w+\.track_(time|latency)\b"
@@ -89,10 +89,11 @@ def read_results(results_dir: Path, machine: str | None = None, warn=None) -> di
                 samples = row.get("samples") or [None] * len(values)
                 names = _series_names(name, row.get("params") or [])
                 for series, value, samp in zip(names, values, samples, strict=False):
-                    if isinstance(value, (int, float)) and not math.isnan(value):
-                        entry["figures"][series] = float(value)
-                        if samp and all(isinstance(x, (int, float)) and x > 0 for x in samp):
-                            entry["samples"][series] = [float(x) for x in samp]
+                    if (value := measured(value)) is not None:
+                        entry["figures"][series] = value
+                        good = measured_samples(samp)
+                        if good and all(x > 0 for x in good):
+                            entry["samples"][series] = list(good)
     return out
 
 

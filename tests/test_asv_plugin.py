@@ -20,6 +20,7 @@ import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+import pytest
 from gitrepo import git
 from test_verdicts import START_CV
 
@@ -40,6 +41,9 @@ COLS = [
     "samples",
     "profile",
 ]
+MISSING = object()  # a figure with no entry at all in the result file
+# The three forms asv leaves for a figure that was not measured: all must read as "not measured".
+UNMEASURED = {"none": None, "nan": math.nan, "missing": MISSING}
 SECONDS = "bench_decode.Decode.track_s_per_output_token"
 RATE = "bench_decode.Decode.track_output_tok_per_s"
 KEY = "bench_decode.Decode.track_aot_key_differs_from_pin"
@@ -76,21 +80,18 @@ def write_result(
     d: Path, commit: str, date: int, samples: list[float], key: float, record_samples=True, extra=None
 ) -> None:
     """One commit's result file; extra: {figure: (value, samples or None)} beside the decode figures."""
-    med = sorted(samples)[len(samples) // 2]
-    row = lambda value, s: [
-        [value],
-        [["'p128n128b1'"]],
-        "4",
-        date,
-        1.0,
-        [value * 0.99],
-        [value * 1.01],  # noqa: E731
-        [value],
-        [value],
-        [1],
-        [len(s) if s else 1],
-        [s] if s else None,
-    ]
+    measured = sorted(x for x in samples if x == x)  # NaN is a start that measured nothing
+    med = measured[len(measured) // 2]
+
+    def row(value, s):
+        if value is MISSING:
+            return None
+        spread = [None, None] if value is None or value != value else [value * 0.99, value * 1.01]
+        return [[value], [["'p128n128b1'"]], "4", date, 1.0, *([v] for v in spread), [value], [value], [1]] + [
+            [len(s) if s else 1],
+            [s] if s else None,
+        ]
+
     data = {
         "commit_hash": commit,
         "env_name": "virtualenv-py3.11",
@@ -108,10 +109,13 @@ def write_result(
             **{name: row(value, s) for name, (value, s) in (extra or {}).items()},
         },
     }
+    data["results"] = {k: v for k, v in data["results"].items() if v is not None}
     (d / f"{commit[:8]}-virtualenv-py3.11.json").write_text(json.dumps(data))
 
 
-def project(tmp_path, levels, record_samples=True, interfered=None, paired=None, subjects=None, settings=None):
+def project(
+    tmp_path, levels, record_samples=True, interfered=None, paired=None, subjects=None, settings=None, nan_sample=False
+):
     """Six commits, their result files (8 starts each at START_CV around `levels`), `asv publish`.
 
     paired: {commit index: (B/A blocks to the parent, machine minutes, calls a side[, each block's standard
@@ -137,12 +141,15 @@ def project(tmp_path, levels, record_samples=True, interfered=None, paired=None,
         samples = [levels[i] * 1e-3 * math.exp(rng.gauss(0, START_CV)) for _ in range(8)]
         if i == interfered:
             samples[3] *= 12  # a start another process took: must not name this commit
+        if nan_sample:
+            samples[2] = math.nan
         extra = None
         if paired and i in paired:
             blocks, minutes, calls, *ses = paired[i]
-            extra = {RATIO: (stats.geomean(blocks), blocks), MINUTES: (minutes, None), CALLS: (calls, None)}
+            ratio = (stats.geomean(blocks), blocks) if isinstance(blocks, list) else (blocks, None)
+            extra = {RATIO: ratio, MINUTES: (minutes, None), CALLS: (calls, None)}
             if ses:
-                extra[RATIO_SE] = (stats.geomean(ses[0]), ses[0])
+                extra[RATIO_SE] = (stats.geomean(ses[0]), ses[0]) if isinstance(ses[0], list) else (ses[0], None)
         write_result(results / "box", c, 1_000 + i, samples, 1.0 if i >= 3 else 0.0, record_samples, extra)
     conf = {
         "version": 1,
@@ -333,3 +340,57 @@ def test_serve_latency_is_decided_by_serves_own_paired_ratios(tmp_path, monkeypa
     assert all(v["rule"] == "paired" for v in rows.values()), rows
     assert rows[commits[3]]["verdict"] == stats.SLOWER and rows[commits[3]]["calls"] == 24, rows[commits[3]]
     assert [rows[commits[i]]["verdict"] for i in (1, 2, 4, 5)].count(stats.SLOWER) == 0, rows
+
+
+@pytest.mark.parametrize("form", UNMEASURED)
+def test_paired_figures_not_measured_leave_the_walk_to_decide(tmp_path, form):
+    """`make bench`'s one-commit mode measures no paired figure: asv stores None, NaN or nothing for the ratios,
+    their standard errors, minutes and calls. The page publishes, the per-start samples decide (the walk), and no
+    row carries a made-up number."""
+    gone = UNMEASURED[form]
+    paired = {i: (gone, gone, gone, gone) for i in range(6)}
+    html, commits = project(tmp_path, [1.0] * 5 + [1.12], paired=paired)
+    rows = json.loads((html / "b70bench-verdicts.json").read_text())["verdicts"]
+    assert {v["rule"] for v in rows} == {"walk"}, rows
+    assert [v["commit"] for v in rows if v["verdict"] == stats.SLOWER] == [commits[5]], rows
+    assert all(v["minutes"] is None and v["calls"] is None for v in rows), rows
+    assert named_commits(html).get(SECONDS) == {commits[5]}
+    assert 'id="b70bench-verdicts"' in (html / "index.html").read_text()
+
+
+@pytest.mark.parametrize("form", UNMEASURED)
+def test_minutes_and_calls_not_measured_beside_paired_ratios(tmp_path, form):
+    """Blocks recorded but minutes and calls not: the paired verdict stands, its minutes and calls are unknown."""
+    gone = UNMEASURED[form]
+    rng = random.Random(6)
+    paired = {
+        i: ([(SLOW if i == 3 else NOOP) * math.exp(rng.gauss(0, BLOCK_SD)) for _ in range(8)], gone, gone)
+        for i in range(1, 6)
+    }
+    html, commits = project(tmp_path, [1.0] * 6, paired=paired)
+    rows = {v["commit"]: v for v in json.loads((html / "b70bench-verdicts.json").read_text())["verdicts"]}
+    assert rows[commits[3]]["verdict"] == stats.SLOWER and rows[commits[3]]["rule"] == "paired", rows
+    assert all(v["minutes"] is None and v["calls"] is None for v in rows.values()), rows
+    note = (html / "index.html").read_text()
+    assert "nan" not in note[note.index('id="b70bench-verdicts"') :].split("</table>")[0].lower()
+
+
+def test_a_sample_not_measured_is_dropped_not_averaged(tmp_path):
+    """One start of eight stored as NaN in the samples (a start that died): the other seven decide."""
+    html, commits = project(tmp_path, [1.0] * 5 + [1.12], nan_sample=True)
+    rows = json.loads((html / "b70bench-verdicts.json").read_text())["verdicts"]
+    assert [v["commit"] for v in rows if v["verdict"] == stats.SLOWER] == [commits[5]], rows
+    assert all(v["ratio"] == v["ratio"] for v in rows), rows  # no NaN ratio
+
+
+@pytest.mark.parametrize("form", UNMEASURED)
+def test_kernel_vs_model_reads_a_figure_not_measured_as_absent(tmp_path, form):
+    from b70bench import kernel_vs_model
+
+    gone = UNMEASURED[form]
+    d = tmp_path / "results" / "box"
+    d.mkdir(parents=True)
+    write_result(d, "a" * 40, 1, [1e-3] * 4, 0.0, extra={RATIO: (gone, None), MINUTES: (gone, None)})
+    got = kernel_vs_model.read_results(tmp_path / "results")["a" * 40]
+    assert set(got["figures"]) == {f"{n}('p128n128b1')" for n in (SECONDS, RATE, KEY)}, got
+    assert set(got["samples"]) == {f"{SECONDS}('p128n128b1')"}, got
