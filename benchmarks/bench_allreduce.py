@@ -5,7 +5,6 @@ tensor-parallel all_reduce, the one a patch to vLLM's communicators moves). A pa
 run here is a skipped row with its reason.
 """
 
-from b70bench import allreduce
 from b70bench.comm.params import MIB, MODES, PATHS, Params
 
 from .common import select_device, skip_if
@@ -24,6 +23,10 @@ class Allreduce:
     version = 2  # 2: the path parameter
 
     def setup_cache(self):
+        # Imported here, not at the top: asv runs every (path, mode, size) of every track_ figure in a process of
+        # its own, and those only read this cache; importing torch in each cost ~1 s, 144 times on the CPU.
+        from b70bench import allreduce
+
         dev = select_device()
         skip_if(allreduce.unavailable_reason(dev))
         cpu = dev.backend == "cpu"

@@ -1,7 +1,5 @@
 """The anchor: device-to-device copy bandwidth (bytes read + written per second)."""
 
-from b70bench import bandwidth
-
 from .common import select_device
 
 MIB = 1 << 20
@@ -16,6 +14,8 @@ class Copy:
     version = 1
 
     def setup_cache(self):
+        from b70bench import bandwidth  # torch only where it measures (see bench_allreduce)
+
         dev = select_device()
         return {mib: bandwidth.measure(dev, mib * MIB) for mib in self.params[0]}
 

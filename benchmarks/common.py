@@ -3,12 +3,13 @@
 import math
 import os
 
-from b70bench import device
 from b70bench.errors import UsageError
 
 
-def select_device() -> device.Device:
+def select_device():
     """The device for this asv run (B70BENCH_BACKEND / B70BENCH_DEVICE_INDEX pick it)."""
+    from b70bench import device  # imports torch: left to the processes that measure (see bench_allreduce)
+
     try:
         return device.select()
     except UsageError as err:
