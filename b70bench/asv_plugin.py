@@ -58,6 +58,9 @@ PAIRED_BY = {
 }
 PAIRED_FIGURES = ("track_ratio_to_parent", "track_ratio_se_to_parent", "track_minutes", "track_calls")
 PAIRED_SUITES = tuple(dict.fromkeys(PAIRED_BY.values()))
+# The exact-token gate of a decided figure's suite (0 pass, 1 fail): a commit that failed it has its speed withheld,
+# and the page says so rather than counting its missing samples.
+GATE_BY = {name: "bench_decode.Decode.track_gate" for name in DECIDED if name.startswith("bench_decode.")}
 # Withdrawn from asv's list: the higher-is-better twins of DECIDED (asv would list a speed-up as a
 # regression) and the paired measurement's figures (a ratio near 1 or a machine-minute count is no speed).
 WITHDRAWN = (
@@ -211,6 +214,11 @@ class Verdicts(OutputPublisher):
                 _figure(results, benchmarks, f"{suite}.{figure}", graph, revisions) if suite else {}
                 for figure in PAIRED_FIGURES
             )
+            gate = (
+                _figure(results, benchmarks, GATE_BY[benchmark["name"]], graph, revisions)
+                if benchmark["name"] in GATE_BY
+                else {}
+            )
             combos = list(itertools.product(*benchmark["params"])) if benchmark.get("params") else [()]
             for j, combo in enumerate(combos):
                 idx = j if benchmark.get("params") else None
@@ -219,8 +227,10 @@ class Verdicts(OutputPublisher):
                 # Figures without a paired measurement (PAIRED_BY) are decided by the walk.
                 paired = ratios.get(tuple(combo)) or ratios.get((), {})
                 paired_ses = (ses.get(tuple(combo)) or ses.get((), {})) if paired else {}
-                extra = {c: _extra(minutes, calls, tuple(combo), c) for c in {*paired, *mine}}
+                failed = {c for c, (_s, v) in gate.get(tuple(combo), {}).items() if v == 1}
+                extra = {c: _extra(minutes, calls, tuple(combo), c) for c in {*paired, *mine, *failed}}
                 if any(s for s, _v in paired.values()):
+                    paired = {**{c: (None, None) for c in failed}, **paired}
                     points = [
                         verdicts.Point(
                             revisions[c],
@@ -229,6 +239,7 @@ class Verdicts(OutputPublisher):
                             *extra[c],
                             parent=git.info(c)[0],
                             ses=tuple(paired_ses.get(c, ((), None))[0] or ()),
+                            gate_failed=c in failed,
                         )
                         for c, (s, _v) in paired.items()
                     ]
@@ -240,7 +251,12 @@ class Verdicts(OutputPublisher):
                     points = [verdicts.Point(revisions[c], c, s, *extra[c]) for c, (s, _v) in mine.items() if s]
                     if not any(len(p.samples) >= 2 for p in points):
                         continue  # results without per-start samples (no --record-samples): asv's own fit stays
-                    decided_here = verdicts.walk(points, level, min_effect, floor)
+                    withheld = [
+                        verdicts.Point(revisions[c], c, (), *extra[c], gate_failed=True)
+                        for c in failed - {p.commit for p in points}
+                        if c in revisions
+                    ]
+                    decided_here = verdicts.walk(points + withheld, level, min_effect, floor)
                     jumps = [_walk_jump(v, revisions, repo) for v in decided_here if v.verdict == stats.SLOWER]
                 decided.add(name)
                 for v in decided_here:

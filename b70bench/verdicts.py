@@ -52,6 +52,7 @@ class Point:
     calls: int | None = None
     parent: str | None = None
     ses: tuple[float, ...] = ()  # paired: each block's standard error of its log ratio, as samples are ordered
+    gate_failed: bool = False  # the exact-token gate failed: the commit's speed was withheld, not measured
 
 
 @dataclass
@@ -81,13 +82,19 @@ class Verdict:
         return self.verdict in (stats.SLOWER, stats.FASTER)
 
 
+# The text of a commit whose gate failed: its speed is withheld, so there is nothing to decide on.
+WITHHELD = "speed withheld: the gate failed (its tokens differ from the pinned hash)"
+
+
 def _too_few(p: Point, reference: list[str], n: int, rule: str, what: str) -> Verdict:
     return Verdict(
         p.commit,
         p.revision,
         reference,
         None,
-        f"{stats.UNDECIDED}: {n} {what}, an interval needs two",
+        f"{stats.UNDECIDED}: {WITHHELD}"
+        if p.gate_failed and not n
+        else f"{stats.UNDECIDED}: {n} {what}, an interval needs two",
         n=n,
         minutes=p.minutes,
         calls=p.calls,

@@ -51,7 +51,9 @@ RATIO = "bench_decode.Decode.track_ratio_to_parent"
 MINUTES = "bench_decode.Decode.track_minutes"
 CALLS = "bench_decode.Decode.track_calls"
 RATIO_SE = "bench_decode.Decode.track_ratio_se_to_parent"
+GATE = "bench_decode.Decode.track_gate"
 UNITS = {
+    GATE: "fail",
     SECONDS: "seconds",
     RATE: "tok/s",
     KEY: "changed",
@@ -81,7 +83,8 @@ def write_result(
 ) -> None:
     """One commit's result file; extra: {figure: (value, samples or None)} beside the decode figures."""
     measured = sorted(x for x in samples if x == x)  # NaN is a start that measured nothing
-    med = measured[len(measured) // 2]
+    med = measured[len(measured) // 2] if measured else math.nan
+    samples = [x for x in samples if x == x] if not measured else samples
 
     def row(value, s):
         if value is MISSING:
@@ -104,7 +107,7 @@ def write_result(
         "result_columns": COLS,
         "results": {
             SECONDS: row(med, samples if record_samples else None),
-            RATE: row(128 / (med * 128), None),
+            RATE: row(1 / med, None),
             KEY: row(key, None),
             **{name: row(value, s) for name, (value, s) in (extra or {}).items()},
         },
@@ -114,7 +117,15 @@ def write_result(
 
 
 def project(
-    tmp_path, levels, record_samples=True, interfered=None, paired=None, subjects=None, settings=None, nan_sample=False
+    tmp_path,
+    levels,
+    record_samples=True,
+    interfered=None,
+    paired=None,
+    subjects=None,
+    settings=None,
+    nan_sample=False,
+    withheld=None,
 ):
     """Six commits, their result files (8 starts each at START_CV around `levels`), `asv publish`.
 
@@ -150,6 +161,10 @@ def project(
             extra = {RATIO: ratio, MINUTES: (minutes, None), CALLS: (calls, None)}
             if ses:
                 extra[RATIO_SE] = (stats.geomean(ses[0]), ses[0]) if isinstance(ses[0], list) else (ses[0], None)
+        extra = {**(extra or {}), GATE: (float(i == withheld), None)}
+        if i == withheld:  # the gate failed: bench_decode withholds the speed (NaN, no samples)
+            samples = [math.nan] * 8
+            extra = {**extra, **{name: (math.nan, None) for name in (RATIO, RATIO_SE, MINUTES, CALLS) if paired}}
         write_result(results / "box", c, 1_000 + i, samples, 1.0 if i >= 3 else 0.0, record_samples, extra)
     conf = {
         "version": 1,
@@ -394,3 +409,22 @@ def test_kernel_vs_model_reads_a_figure_not_measured_as_absent(tmp_path, form):
     got = kernel_vs_model.read_results(tmp_path / "results")["a" * 40]
     assert set(got["figures"]) == {f"{n}('p128n128b1')" for n in (SECONDS, RATE, KEY)}, got
     assert set(got["samples"]) == {f"{SECONDS}('p128n128b1')"}, got
+
+
+@pytest.mark.parametrize("rule", ["paired", "walk"])
+def test_a_commit_whose_gate_failed_says_its_speed_was_withheld(tmp_path, rule):
+    """The gate withholds a commit's speed (NaN, no samples): the page says so, not "0 blocks", and the commits
+    around it are decided as before."""
+    rng = random.Random(7)
+    paired = (
+        {i: ([NOOP * math.exp(rng.gauss(0, BLOCK_SD)) for _ in range(8)], 4.0, 96) for i in range(1, 6)}
+        if rule == "paired"
+        else None
+    )
+    html, commits = project(tmp_path, [1.0] * 6, paired=paired, withheld=4)
+    rows = {v["commit"]: v for v in json.loads((html / "b70bench-verdicts.json").read_text())["verdicts"]}
+    failed = rows[commits[4]]
+    assert failed["verdict"] == stats.UNDECIDED and failed["rule"] == rule, failed
+    assert failed["text"] == "undecided: speed withheld: the gate failed (its tokens differ from the pinned hash)"
+    assert all(rows[c]["verdict"] != stats.SLOWER for c in commits[1:] if c in rows), rows
+    assert "speed withheld: the gate failed" in (html / "index.html").read_text()
