@@ -18,8 +18,8 @@ would step-fit them) lose their entries. The regressions page gets a note saying
 and a table of every verdict; b70bench-verdicts.json holds the same, b70bench-verdicts.xml is an
 Atom feed of every verdict (asv's regressions.xml keeps the slower ones).
 
-Settings (asv.conf.json, optional):
-"b70bench_verdicts": {"level": 0.99, "min_effect": 0.05, "floor": 0.01}.
+Settings: b70bench.verdicts' LEVEL, MIN_EFFECT and FLOOR, the ones the walk measures with; asv.conf.json may
+override them for the page ("b70bench_verdicts": {"level": ..., "min_effect": ..., "floor": ...}).
 """
 
 from __future__ import annotations

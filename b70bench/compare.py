@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from b70bench import device, patches, records, revisions, stats
+from b70bench import device, patches, records, revisions, stats, verdicts
 from b70bench.decode import environment, gate, logs, pair
 from b70bench.decode import model as decode_model
 from b70bench.decode import suite as decode_suite
@@ -30,9 +30,9 @@ from b70bench.errors import UsageError
 from b70bench.fingerprint import dist_version
 
 DEFAULT_LEVEL = 0.95
-# The walk's (asv's) overall level: each of its 4 looks at 0.99, the level of the website's verdicts
-# (asv.conf.json "b70bench_verdicts"), which are read from the same block samples.
-WALK_LEVEL = 0.96
+# The walk's (asv's) overall level: each of its looks at the level of the website's verdicts (verdicts.LEVEL),
+# which are read from the same block samples.
+WALK_LEVEL = pair.overall_level(verdicts.LEVEL)
 # The walk's first look: a walk spends its budget on every commit, and on a slow host four blocks of 96 rounds
 # do not fit a few minutes; three, each with its own standard error, name 9% at the first look (tests/test_pair.py).
 WALK_FIRST_BLOCKS = 3

@@ -45,7 +45,7 @@ KERNEL_EFFECT = 0.6
 # process's slow reading at the commit before (vLLM's 8 B allreduce once read 5.0 us between readings of
 # 2.3-3.5 us) must not turn the next commit into a kernel win.
 KERNEL_WINDOW = 2
-LEVEL = 0.99
+LEVEL = verdicts.LEVEL  # the website's level: one verdict per commit and figure, as there
 
 
 def _series_names(name: str, params: list[list]) -> list[str]:

@@ -330,6 +330,11 @@ def per_look_level(level: float, max_looks: int = 4) -> float:
     return 1.0 - (1.0 - level) / max_looks
 
 
+def overall_level(look_level: float, max_looks: int = 4) -> float:
+    """The overall level of max_looks looks at look_level each: per_look_level's inverse."""
+    return 1.0 - (1.0 - look_level) * max_looks
+
+
 def block_ses(blocks: list[Block], normalise: bool = False) -> list[float | None]:
     """Each block's standard error of its log B/A, from its own rounds: their winsorized spread (the block's
     ratio is their trimmed mean), widened for the rounds' lag-1 correlation pooled over the blocks. None for
