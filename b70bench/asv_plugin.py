@@ -8,8 +8,8 @@ undecided):
 - where the results carry the suite's `track_ratio_to_parent` samples (one B/A per block, each commit measured
   alternating with its git parent in one host window; decode's seconds, serve's E2E: PAIRED_BY), each such
   commit against its parent (verdicts.paired);
-- else, where they carry per-start samples (`asv run --record-samples`), the walk over the history
-  (verdicts.walk): a real slowdown is named at the commit it lands, also the newest one, and a
+- else, where they carry per-start samples (`asv run --record-samples`), the unpaired rule over the history
+  (verdicts.unpaired): a real slowdown is named at the commit it lands, also the newest one, and a
   commit inside the noise is not. Results without samples keep asv's entries.
 
 Only `slower` verdicts become regressions.json entries. Throughput figures (higher is better, which
@@ -50,7 +50,7 @@ DECIDED = (
 # The figures a walk measures paired with the git parent, and the suite whose paired figures decide them:
 # <suite>.track_ratio_to_parent (B/A, one sample per block), .track_ratio_se_to_parent (each block's standard
 # error of its log ratio), .track_minutes and .track_calls (machine minutes, timed calls or levels per side).
-# serve pairs on each level's median E2E, so only E2E is read from its ratios; TPOT and TTFT keep the walk.
+# serve pairs on each level's median E2E, so only E2E is read from its ratios; TPOT and TTFT keep the unpaired rule.
 PAIRED_BY = {
     "bench_decode.Decode.track_s_per_output_token": "bench_decode.Decode",
     "bench_decode.Decode.track_s_per_total_token": "bench_decode.Decode",
@@ -170,7 +170,7 @@ class _Git:
         return self.cache[commit]
 
 
-def _walk_jump(v: verdicts.Verdict, revisions: dict, repo) -> tuple:
+def _unpaired_jump(v: verdicts.Verdict, revisions: dict, repo) -> tuple:
     """asv's (last good revision or None for a one-commit range, first bad revision, before, after)."""
     good = v.reference[-1]
     commits = repo.get_hashes_from_range(repo.get_range_spec(good, v.commit))
@@ -224,7 +224,7 @@ class Verdicts(OutputPublisher):
                 idx = j if benchmark.get("params") else None
                 name = _entry_name(benchmark, combo if benchmark.get("params") else None)
                 mine = seconds.get(tuple(combo), {})
-                # Figures without a paired measurement (PAIRED_BY) are decided by the walk.
+                # Figures without a paired measurement (PAIRED_BY) are decided by the unpaired rule.
                 paired = ratios.get(tuple(combo)) or ratios.get((), {})
                 paired_ses = (ses.get(tuple(combo)) or ses.get((), {})) if paired else {}
                 failed = {c for c, (_s, v) in gate.get(tuple(combo), {}).items() if v == 1}
@@ -256,8 +256,8 @@ class Verdicts(OutputPublisher):
                         for c in failed - {p.commit for p in points}
                         if c in revisions
                     ]
-                    decided_here = verdicts.walk(points + withheld, level, min_effect, floor)
-                    jumps = [_walk_jump(v, revisions, repo) for v in decided_here if v.verdict == stats.SLOWER]
+                    decided_here = verdicts.unpaired(points + withheld, level, min_effect, floor)
+                    jumps = [_unpaired_jump(v, revisions, repo) for v in decided_here if v.verdict == stats.SLOWER]
                 decided.add(name)
                 for v in decided_here:
                     v.subject = git.info(v.commit)[1]
@@ -276,7 +276,7 @@ class Verdicts(OutputPublisher):
             Regressions._save_feed(
                 conf, benchmarks, data["regressions"], revisions, {r: h for h, r in revisions.items()}
             )
-        rules = tuple(dict.fromkeys(v.rule for *_rest, v in rows)) or (verdicts.PAIRED, verdicts.WALK)
+        rules = tuple(dict.fromkeys(v.rule for *_rest, v in rows)) or (verdicts.PAIRED, verdicts.UNPAIRED)
         util.write_json(
             os.path.join(conf.html_dir, "b70bench-verdicts.json"),
             {
@@ -311,7 +311,7 @@ def _row_json(name: str, params: dict, v: verdicts.Verdict) -> dict:
         "lo": r and r.lo,
         "hi": r and r.hi,
         "level": r and r.level,
-        "n_reference": r.n_a if r and v.rule == verdicts.WALK else None,
+        "n_reference": r.n_a if r and v.rule == verdicts.UNPAIRED else None,
         "n": v.n,
         "calls": v.calls,
         "minutes": v.minutes,
@@ -351,14 +351,14 @@ def _write_note(html_dir: str, level: float, min_effect: float, floor: float, ro
             f"{html.escape(v.subject or '-')}</td><td>{_against(v, hash_length)}</td><td>{figures}</td>"
             f"<td><b>{html.escape(v.text)}</b></td><td>{_samples(v)}</td><td>{minutes}</td></tr>"
         )
-    rules = tuple(dict.fromkeys(v.rule for *_rest, v in rows)) or (verdicts.PAIRED, verdicts.WALK)
+    rules = tuple(dict.fromkeys(v.rule for *_rest, v in rows)) or (verdicts.PAIRED, verdicts.UNPAIRED)
     decided_by = " and ".join(f"the {rule} rule" for rule in rules)
     note = (
         f'<div id="{NOTE_ID}" style="margin: 1em 2em">'
         f"<p><b>Decode speed verdicts by b70bench.</b> The figures {', '.join(n.split('.')[-1] for n in DECIDED)} "
         f"are listed below by b70bench's statistic, not asv's step fit, here decided by {decided_by}. "
         f"{html.escape(verdicts.describe(level, min_effect, floor, rules))} "
-        f"A paired block is one B/A from this commit and its parent measured alternating; a walk sample is one "
+        f"A paired block is one B/A from this commit and its parent measured alternating; an unpaired sample is one "
         f"fresh vLLM start. Throughput figures are not listed (asv reads every rise as a regression; their "
         f"verdict is the seconds figure's), nor the paired measurement's ratio, minutes and calls.</p>"
         f'<table class="table table-condensed"><thead><tr><th>figure</th><th>commit</th><th>against</th>'

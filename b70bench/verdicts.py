@@ -8,7 +8,7 @@ change of min_effect: more samples needed). They come from one of two rules:
   alternating in the same host window (asv figure `bench_decode.Decode.track_ratio_to_parent`), with
   stats.blocks_interval where each block's standard error was recorded (`track_ratio_se_to_parent`), else
   stats.paired_interval. Host drift between blocks cancels inside each ratio.
-- walk (results without paired ratios): asv's step fit weights each point by the width of its own interval
+- unpaired (results without paired ratios): asv's step fit weights each point by the width of its own interval
   and is conservative about a one-commit final segment, so on a noisy host it neither names a real 5-10%
   slowdown at the newest commit nor stays quiet about no-op commits reliably. This walks the history instead:
   each commit's per-start samples against the pooled samples of the commits since the last named change (the
@@ -34,14 +34,14 @@ MIN_EFFECT = stats.DEFAULT_MIN_EFFECT
 # Smallest change named slower / faster even when the interval excludes 1.
 FLOOR = stats.DEFAULT_FLOOR
 
-PAIRED, WALK = "paired", "walk"  # which rule decided a verdict
+PAIRED, UNPAIRED = "paired", "unpaired"  # which rule decided a verdict
 
 
 @dataclass(frozen=True)
 class Point:
     """One commit's samples of one figure, in history order (revision).
 
-    For the walk: per-start samples of a lower-is-better figure. For paired: B/A ratios to the parent,
+    For unpaired: per-start samples of a lower-is-better figure. For paired: B/A ratios to the parent,
     one per block. minutes: machine minutes the measurement took; calls: timed calls per side; parent: the
     commit's git parent (what paired ratios were measured against), where known."""
 
@@ -59,17 +59,17 @@ class Point:
 class Verdict:
     commit: str
     revision: int
-    reference: list[str]  # what it was compared with: the parent (paired), the segment's commits (walk)
+    reference: list[str]  # what it was compared with: the parent (paired), the segment's commits (unpaired)
     decision: stats.Decision | None  # None: too few samples for any interval
     text: str  # the printed verdict: "slower", "no change beyond 3.1%", "undecided: ..."
     ratio: stats.Ratio | None = None
-    before: float | None = None  # walk: geometric means of the reference and of this commit
+    before: float | None = None  # unpaired: geometric means of the reference and of this commit
     after: float | None = None
     n: int = 0  # samples (paired: blocks) behind this commit's side
     minutes: float | None = None
     calls: int | None = None
     subject: str | None = None  # the commit's subject line (filled by the asv plugin)
-    rule: str = WALK
+    rule: str = UNPAIRED
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -139,7 +139,7 @@ def paired(
     return out
 
 
-def walk(
+def unpaired(
     points: list[Point], level: float = LEVEL, min_effect: float = MIN_EFFECT, floor: float = FLOOR
 ) -> list[Verdict]:
     """One verdict per commit after the first with samples; see the module docstring."""
@@ -148,7 +148,7 @@ def walk(
     for p in sorted(points, key=lambda q: q.revision):
         samples = [s for s in p.samples if s is not None and s > 0]
         if len(samples) < 2:
-            out.append(_too_few(p, [q.commit for q in segment], len(samples), WALK, "sample(s)"))
+            out.append(_too_few(p, [q.commit for q in segment], len(samples), UNPAIRED, "sample(s)"))
             continue
         if not segment:
             segment = [Point(p.revision, p.commit, tuple(samples))]
@@ -168,7 +168,7 @@ def walk(
             n=len(samples),
             minutes=p.minutes,
             calls=p.calls,
-            rule=WALK,
+            rule=UNPAIRED,
         )
         out.append(v)
         point = Point(p.revision, p.commit, tuple(samples))
@@ -176,7 +176,9 @@ def walk(
     return out
 
 
-def describe(level: float = LEVEL, min_effect: float = MIN_EFFECT, floor: float = FLOOR, rules=(PAIRED, WALK)) -> str:
+def describe(
+    level: float = LEVEL, min_effect: float = MIN_EFFECT, floor: float = FLOOR, rules=(PAIRED, UNPAIRED)
+) -> str:
     """The rules (one sentence each, those in `rules`) and the four words, for the website and the CLI."""
     sentences = []
     if PAIRED in rules:
@@ -184,9 +186,9 @@ def describe(level: float = LEVEL, min_effect: float = MIN_EFFECT, floor: float 
             f"Paired: each commit against its git parent, from B/A ratios measured alternating in one host "
             f"window, one per block: their geometric mean with a {level:.0%} Student-t interval of the logs."
         )
-    if WALK in rules:
+    if UNPAIRED in rules:
         sentences.append(
-            f"Walk: each commit's per-start samples against the pooled samples of the commits since the last "
+            f"Unpaired: each commit's per-start samples against the pooled samples of the commits since the last "
             f"named change: the median of all pairwise ratios (Hodges-Lehmann) with its {level:.0%} "
             f"Mann-Whitney interval."
         )

@@ -224,7 +224,7 @@ def test_publish_names_the_slow_commit_and_no_other(tmp_path):
     # Eight starts at 5.5% a commit cannot rule out a 5% change: the no-op commits are undecided, not named.
     assert rows == [(c, stats.UNDECIDED) for c in commits[1:5]] + [(commits[5], stats.SLOWER)], rows
     assert all(v["text"].endswith("still holds a 5% change") for v in verdicts["verdicts"][:4]), verdicts
-    assert {v["rule"] for v in verdicts["verdicts"]} == {"walk"} and verdicts["floor"] == 0.02
+    assert {v["rule"] for v in verdicts["verdicts"]} == {"unpaired"} and verdicts["floor"] == 0.02
     page = (html / "index.html").read_text()
     assert page.count('id="b70bench-verdicts"') == 1 and "Hodges-Lehmann" in page
     assert "Paired:" not in page  # the note names the rule that decided
@@ -366,7 +366,7 @@ def test_paired_figures_not_measured_leave_the_walk_to_decide(tmp_path, form):
     paired = {i: (gone, gone, gone, gone) for i in range(6)}
     html, commits = project(tmp_path, [1.0] * 5 + [1.12], paired=paired)
     rows = json.loads((html / "b70bench-verdicts.json").read_text())["verdicts"]
-    assert {v["rule"] for v in rows} == {"walk"}, rows
+    assert {v["rule"] for v in rows} == {"unpaired"}, rows
     assert [v["commit"] for v in rows if v["verdict"] == stats.SLOWER] == [commits[5]], rows
     assert all(v["minutes"] is None and v["calls"] is None for v in rows), rows
     assert named_commits(html).get(SECONDS) == {commits[5]}
@@ -411,7 +411,7 @@ def test_kernel_vs_model_reads_a_figure_not_measured_as_absent(tmp_path, form):
     assert set(got["samples"]) == {f"{SECONDS}('p128n128b1')"}, got
 
 
-@pytest.mark.parametrize("rule", ["paired", "walk"])
+@pytest.mark.parametrize("rule", ["paired", "unpaired"])
 def test_a_commit_whose_gate_failed_says_its_speed_was_withheld(tmp_path, rule):
     """The gate withholds a commit's speed (NaN, no samples): the page says so, not "0 blocks", and the commits
     around it are decided as before."""

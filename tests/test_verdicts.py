@@ -260,7 +260,7 @@ def test_walk_names_a_ten_percent_slowdown_at_the_newest_commit_and_no_noop():
     rng = random.Random(7)
     named_newest, named_noop, trials = 0, 0, 300
     for _ in range(trials):
-        out = verdicts.walk(history(rng, [0, 0, 0, 0, 0, 0.10], decode.DEFAULT_STARTS))
+        out = verdicts.unpaired(history(rng, [0, 0, 0, 0, 0, 0.10], decode.DEFAULT_STARTS))
         assert [v.commit for v in out] == ["c1", "c2", "c3", "c4", "c5"]
         named_newest += out[-1].verdict == stats.SLOWER
         named_noop += sum(v.named for v in out[:-1])
@@ -271,7 +271,7 @@ def test_walk_names_a_ten_percent_slowdown_at_the_newest_commit_and_no_noop():
 def test_walk_stays_quiet_over_noop_commits():
     rng = random.Random(11)
     trials = 300
-    named = sum(v.named for _ in range(trials) for v in verdicts.walk(history(rng, [0] * 7, decode.DEFAULT_STARTS)))
+    named = sum(v.named for _ in range(trials) for v in verdicts.unpaired(history(rng, [0] * 7, decode.DEFAULT_STARTS)))
     assert named / (6 * trials) <= 0.02
 
 
@@ -279,7 +279,7 @@ def test_walk_names_the_commit_a_slowdown_lands_and_not_the_ones_after():
     """A mid-history 15% slowdown starts a new segment: later unchanged commits are compared with it."""
     spread = (1.0, 1.03, 0.97, 1.01, 0.99, 1.02)
     levels = [1.0, 1.0, 1.0, 1.15, 1.15, 1.15]
-    out = verdicts.walk([verdicts.Point(i, f"c{i}", tuple(x * lv for x in spread)) for i, lv in enumerate(levels)])
+    out = verdicts.unpaired([verdicts.Point(i, f"c{i}", tuple(x * lv for x in spread)) for i, lv in enumerate(levels)])
     assert [v.text for v in out] == [
         "no change beyond 4.1%",
         "no change beyond 3.1%",
@@ -298,7 +298,7 @@ def test_walk_skips_commits_without_enough_samples():
         verdicts.Point(1, "b", (1.0,)),
         verdicts.Point(2, "c", tuple(1.2 * x for x in spread)),
     ]
-    out = verdicts.walk(points)
+    out = verdicts.unpaired(points)
     assert [(v.commit, v.verdict) for v in out] == [("b", stats.UNDECIDED), ("c", stats.SLOWER)]
     assert out[0].decision is None and out[0].text == "undecided: 1 sample(s), an interval needs two"
     assert out[1].reference == ["a"]
