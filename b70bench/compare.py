@@ -45,12 +45,6 @@ def paired_cache_dir() -> Path:
     return decode_model.cache_root() / "paired-vllm-cache"
 
 
-# What the paired engines get on the CPU unless the caller set it. The KV cache (GiB) is fixed: two engines
-# live at once, and a share of RAM would be drawn from what the other left free. KMP_BLOCKTIME is the 5 ms
-# vLLM's CPU worker asks for: it sets it only around its own set-up, and in the in-process engine the
-# OpenMP runtime has read its default (200 ms) by then, so after every call the engine spun for 0.2 s (its
-# CPU time, measured here), sharing the cores with the other engine's next call.
-CPU_ENGINE_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "KMP_BLOCKTIME": "5"}
 # One block (two starts on a warm cache, 96 rounds) takes about a minute on the 2-core VM; a verdict
 # needs two blocks at least.
 MIN_BUDGET_MIN = 2.0
@@ -138,7 +132,7 @@ def compare_series(
     spec, embedded = (dict(spec), False) if spec is not None else engine_spec(shape)
     base = dict(os.environ)
     if backend == "cpu":
-        for k, v in CPU_ENGINE_ENV.items():
+        for k, v in environment.PAIRED_CPU_ENGINE_ENV.items():
             base.setdefault(k, v)
         cpus = pair.engine_cpus(base)
         if cpus is not None:

@@ -94,9 +94,9 @@ def _paired_summary(shape: str, dev) -> dict:
     withheld = b["gate"] == 1
     summary = {
         "shape": shape,
-        "starts": res["blocks"],
-        "starts_s_per_output_token": [] if withheld else per_block,
-        "starts_s_per_total_token": [] if withheld else [x * output_len / (prompt_len + output_len) for x in per_block],
+        "blocks": res["blocks"],
+        "blocks_s_per_output_token": [] if withheld else per_block,
+        "blocks_s_per_total_token": [] if withheld else [x * output_len / (prompt_len + output_len) for x in per_block],
         "output_tok_per_s": None if withheld or not per_block else 1.0 / res["median_b"],
         "kv_cache_tokens": b["kv_cache_tokens"],
         "gate": b["gate"],
@@ -108,6 +108,11 @@ def _paired_summary(shape: str, dev) -> dict:
     }
     cachekey.save(summary["cache_key"], run)
     return summary
+
+
+def _per_sample(summary: dict, figure: str) -> list:
+    """One value per paired block (a walk, blocks_<figure>) or per separate start (starts_<figure>)."""
+    return summary[f"blocks_{figure}"] if "blocks" in summary else summary[f"starts_{figure}"]
 
 
 class Decode:
@@ -151,12 +156,12 @@ class Decode:
             raise NotImplementedError(f"{shape} was not measured")
 
     def track_s_per_output_token(self, cache, shape):
-        return samples(cache[shape]["starts_s_per_output_token"])
+        return samples(_per_sample(cache[shape], "s_per_output_token"))
 
     track_s_per_output_token.unit = "seconds"
 
     def track_s_per_total_token(self, cache, shape):
-        return samples(cache[shape]["starts_s_per_total_token"])
+        return samples(_per_sample(cache[shape], "s_per_total_token"))
 
     track_s_per_total_token.unit = "seconds"
 

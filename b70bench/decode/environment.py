@@ -15,6 +15,12 @@ from b70bench.errors import UsageError
 # and less steady run to run (docs/decode.md).
 # It is part of vLLM's compile factors, so the AOT cache key differs from a multiprocess start.
 CPU_ENGINE_ENV: dict[str, str] = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+# What paired engines (compare, a walk) add on the CPU unless the caller set it. The KV cache (GiB) is fixed: two
+# engines live at once, and a share of RAM would be drawn from what the other left free. KMP_BLOCKTIME is the 5 ms
+# vLLM's CPU worker asks for: it sets it only around its own set-up, and in the in-process engine the OpenMP
+# runtime has read its default (200 ms) by then, so after every call the engine spun for 0.2 s (its CPU time),
+# sharing the cores with the other engine's next call.
+PAIRED_CPU_ENGINE_ENV: dict[str, str] = {"VLLM_CPU_KVCACHE_SPACE": "1", "KMP_BLOCKTIME": "5"}
 # vLLM's CPU install guide asks for tcmalloc and Intel OpenMP in LD_PRELOAD (its worker warns
 # without them). With both, the best warm p512n512 runs here were 6-9% faster; separate starts
 # did not agree better (docs/decode.md). libiomp5 comes with vllm-cpu (intel-openmp);

@@ -38,7 +38,7 @@ SIDES = "AB"
 DEFAULT_ROUNDS = 96
 DEFAULT_WARMUP_CALLS = 3
 # Pause before each timed call, for the other engine's OpenMP threads to stop spinning (KMP_BLOCKTIME; the
-# engines get 5 ms, compare.CPU_ENGINE_ENV).
+# engines get 5 ms, environment.PAIRED_CPU_ENGINE_ENV).
 DEFAULT_GAP_S = 0.02
 # The share of a block's round log ratios dropped from each end before their mean is taken.
 ROUND_TRIM = 0.1
