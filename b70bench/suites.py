@@ -11,6 +11,7 @@ SUITES = {
     "allreduce": "b70bench.allreduce",
     "moe-down": "b70bench.moe",
     "decode": "b70bench.decode",
+    "serve": "b70bench.serve",
     "cache-key": "b70bench.cachekey",
 }
 

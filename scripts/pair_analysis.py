@@ -7,7 +7,9 @@
     python scripts/pair_analysis.py --cores DIR [DIR ...]
     python scripts/pair_analysis.py --costs DIR [DIR ...]
 
-Each DIR holds the blockNN.json files one `b70bench compare` (or one commit of the asv walk) wrote. Per DIR
+Each DIR holds the blockNN.json files one `b70bench compare` wrote (its --out-dir, default
+~/.cache/b70bench/compare/STAMP; also `scripts/decode_mde.py --out-dir`). Standard library and b70bench only,
+no vLLM. Per DIR
 and per estimator, one B/A per block and the spread of those over blocks (what the verdict's interval is
 made of):
 - unpaired: median of B's calls over median of A's calls in the block (what separate starts would give);
@@ -242,15 +244,14 @@ def rules(dirs: list[str], sets: int = 600, seed: int = 3) -> None:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["--components"]:
-        components(sys.argv[2:])
-    elif sys.argv[1:2] == ["--rules"]:
-        rules(sys.argv[2:])
-    elif sys.argv[1:2] == ["--cores"]:
-        cores(sys.argv[2:])
-    elif sys.argv[1:2] == ["--costs"]:
-        costs(sys.argv[2:])
-    elif sys.argv[1:2] == ["--redecide"]:
-        redecide(sys.argv[2:])
-    else:
-        main(sys.argv[1:])
+    argv = sys.argv[1:]
+    if argv[:1] in ([], ["-h"], ["--help"]):
+        print(__doc__)
+        raise SystemExit(0 if argv else 2)
+    modes = {"--components": components, "--rules": rules, "--cores": cores, "--costs": costs, "--redecide": redecide}
+    run = modes.get(argv[0], main)
+    dirs = argv[1:] if argv[0] in modes else argv
+    missing = [d for d in dirs if not Path(d).is_dir()]
+    if not dirs or missing:
+        raise SystemExit(f"pair_analysis: give directories of blockNN.json ({', '.join(missing) or 'none given'})")
+    run(dirs)

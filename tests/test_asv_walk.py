@@ -56,7 +56,7 @@ SPEED_FIGURES = (
 )
 MOE_FIGURE = "bench_moe_down.MoeDown.track_time"
 # 4 products per layer and step: +20% (compare, 3 starts a side); 6 read 1.31-1.32 in CI walks after 16-24
-# slowdown products, 8 keep that margin over the heavier step behind SLOWDOWN_REPS.
+# slowdown products, 8 kept that margin when the walk's decode slowdown was 32 64x64 products a step.
 RUNNER_REPS = 8
 # In-graph products per decoder layer and step for the slowdown commit, and their size: the slowdown of at most
 # 10% the walk must name. Each 16x16 product costs ~1% of a step on the 2-core VM plus ~1.5% for the work's

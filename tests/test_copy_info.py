@@ -51,3 +51,23 @@ def test_info_json_lists_suites_and_anchor(tmp_path):
     assert data["suites"]["copy"] == {"runs": True, "reason": None}
     assert data["anchor"]["bandwidth_gbps"] > 0 and data["anchor"]["wrong"] == 0
     assert "copy" in proc.stdout and "collective_backend" in proc.stdout
+
+
+def test_info_lists_every_suite_serve_included(tmp_path):
+    """`info` names each suite of suites.SUITES, serve among them, with whether it runs here and why not."""
+    from b70bench import serve, suites
+
+    assert suites.SUITES["serve"] == "b70bench.serve"
+    out = tmp_path / "info.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "b70bench", "info", "--backend", "cpu", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    listed = json.loads(out.read_text())["suites"]
+    assert set(listed) == set(suites.installed()) and "serve" in listed
+    reason = serve.unavailable_reason(device.select("cpu"))
+    assert listed["serve"] == {"runs": reason is None, "reason": reason}
+    assert any(line.startswith("serve ") for line in proc.stdout.splitlines())

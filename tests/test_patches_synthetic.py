@@ -22,7 +22,7 @@ def _pristine(rel):
     [
         (synthetic.MOE_FILE, lambda t: synthetic.moe_passes(t, 3), "for _ in range(3):"),
         (synthetic.RUNNER_FILE, lambda t: synthetic.runner_work(t, 6), "for _ in range(6):"),
-        (synthetic.COMM_FILE, synthetic.comm_clone, "output = input_.clone()"),
+        (synthetic.SCHEDULER_FILE, lambda t: synthetic.scheduler_work(t, 4), "for _ in range(4):"),
     ],
 )
 def test_patch_applies_and_parses(rel, edit, marker):
@@ -48,5 +48,5 @@ def test_runner_work_keeps_the_output_and_reaches_it():
 
 
 def test_an_edit_whose_anchor_is_gone_names_the_file():
-    with pytest.raises(LookupError, match="cpu_communicator.py"):
-        synthetic.comm_clone("class CpuCommunicator:\n    pass\n")
+    with pytest.raises(LookupError, match="scheduler.py"):
+        synthetic.scheduler_work("class Scheduler:\n    pass\n", 1)

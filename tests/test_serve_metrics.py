@@ -49,13 +49,3 @@ def test_percentiles_match_float64_from_100_values():
     assert lv["ttft_s_p99"] == pytest.approx(expect, rel=1e-12)
     assert lv["tpot_s_median"] == pytest.approx(0.01, rel=1e-9) and lv["p99_note"] is None
     assert lv["goodput_request_per_s"] is None  # no SLO asked, no goodput
-
-
-def test_the_best_level_is_the_highest_that_met_the_slos():
-    levels = [
-        {"concurrency": 1, "slo_met_share": 1.0, "failed": 0},
-        {"concurrency": 4, "slo_met_share": 0.95, "failed": 0},
-        {"concurrency": 16, "slo_met_share": 0.4, "failed": 0},
-    ]
-    assert metrics.best_level(levels) == 4
-    assert metrics.best_level([{"concurrency": 1, "slo_met_share": 0.2, "failed": 0}]) is None

@@ -132,6 +132,7 @@ def test_summary_rows_and_records_for_dashboards():
     assert [r["level"] for r in rows] == ["c=1", "c=16"]
     assert rows[0]["tpot_ms"] == pytest.approx(2.0) and rows[1]["tpot_ms"] == pytest.approx(5.0)
     assert serve_cli.best_concurrency(starts, {"tpot_ms": 5}) == 1  # c=16's median start met it for 80%
+    assert serve_cli.best_concurrency(starts, {}) is None  # no SLO asked, no best level
     recs = pytorch_json.from_serve(starts)
     tpot = [r for r in recs if r["metric"]["name"] == "median_tpot_ms"]
     assert [r["metric"]["extra_info"]["level"] for r in tpot] == ["concurrency=1", "concurrency=16"]

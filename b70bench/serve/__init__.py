@@ -1,4 +1,19 @@
-"""The serve suite, in pieces so far: figures of a load level (metrics.py), `vllm serve` as an owned child
-(server.py) and a streamed-completion client with a closed loop (client.py), each tested against a stand-in
-OpenAI server. Not written yet: the suite itself (load levels, Poisson rate, warm-up trimming, the gate and
-cache key through the server, /metrics snapshots, `vllm bench serve` beside it), its asv adapter and CLI."""
+"""The serve suite (`b70bench serve`): the environment's own `vllm serve` under closed-loop (and Poisson) load.
+
+- server.py: `vllm serve` as an owned child (its own process group, a free port, /health, reaped by PID);
+- client.py: streamed completions with fixed token-id prompts, every token's arrival time kept;
+- metrics.py: a load level's figures from the request records, with vLLM's definitions (TTFT, TPOT, ITL, goodput);
+- suite.py: one start (the gate through the API, then each level); cli.py: starts, the table, JSON;
+- anchor.py: `vllm bench serve` beside b70bench's client, in alternating rounds;
+- pair.py: two servers paired in time, for `b70bench compare --suite serve` and the asv walk
+  (benchmarks/bench_serve.py).
+"""
+
+from __future__ import annotations
+
+
+def unavailable_reason(device) -> str | None:
+    """None if the suite can run on device, else why not: it starts vLLM's own server, so decode's rule holds."""
+    from b70bench import decode
+
+    return decode.unavailable_reason(device)

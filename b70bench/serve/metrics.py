@@ -81,9 +81,3 @@ def level(records: list[dict], slo: dict | None = None) -> dict:
     short = [n for n in ("ttft_s", "tpot_s", "e2e_s") if out.get(f"{n}_n", 0) < P99_MIN_VALUES]
     out["p99_note"] = f"no p99 for {', '.join(short)}: fewer than {P99_MIN_VALUES} values" if short else None
     return out
-
-
-def best_level(levels: list[dict], key: str = "concurrency", share: float = 0.9) -> object | None:
-    """The highest tested level (by key) at which at least `share` of the completed requests met the SLOs."""
-    ok = [lv[key] for lv in levels if (lv.get("slo_met_share") or 0) >= share and not lv.get("failed")]
-    return max(ok) if ok else None

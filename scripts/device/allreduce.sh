@@ -1,66 +1,66 @@
 #!/usr/bin/env bash
-# Issue 3 evidence on the device tool (kind nvidia-h200-x2), in one call: nccl-tests built from
-# public source, a minimal torch.distributed loop, and the suite (eager and graph, 3 times each).
-# Before the call, export nccl-tests' tree into the git-ignored .device/ (never commit it):
-#   mkdir -p .device/nccl-tests && git --git-dir=/work/.mirror/NVIDIA+nccl-tests/repo archive HEAD | tar -x -C .device/nccl-tests
-# Then: run(command="bash scripts/device/allreduce.sh", carry=[".device"], kind="nvidia-h200-x2")
-# Writes $OUT/allreduce.log (everything) and $OUT/allreduce-h200x2.tar.gz (raw outputs + JSON).
+# The 2-GPU allreduce table of docs/allreduce.md: per size and mode, nccl-tests' all_reduce_perf (eager, and
+# CUDA-graph with -G), the minimal torch.distributed loop (minimal_allreduce.py) and the suite
+# (`b70bench allreduce --world-size 2`, eager and --graph), RUNS times each (default 3), interleaved; then the
+# suite's graph rows at 8 B and 1 MiB again with NCCL_GRAPH_REGISTER=0 (graph-mode in-place against clone).
+# Needs 2 CUDA GPUs, nvcc and nccl-tests' source (https://github.com/NVIDIA/nccl-tests), given as the argument
+# or as NCCL_TESTS_DIR; run from anywhere:
+#   bash scripts/device/allreduce.sh /path/to/nccl-tests
+# Writes every raw output, allreduce.log and allreduce-table.md (allreduce_report.py's table) to OUT (default
+# results/allreduce in this repository). PYTHON: the interpreter with b70bench and CUDA torch (python3).
 set -uo pipefail
+NT=${1:-${NCCL_TESTS_DIR:-}}
+if [[ -z $NT || ! -f $NT/src/common.h ]]; then
+  echo "usage: bash scripts/device/allreduce.sh NCCL_TESTS_DIR (or NCCL_TESTS_DIR=...): nccl-tests' source tree," >&2
+  echo "       e.g. git clone https://github.com/NVIDIA/nccl-tests${NT:+ ($NT has no src/common.h)}" >&2
+  exit 2
+fi
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+OUT=${OUT:-$ROOT/results/allreduce}; mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
+[[ ${PYTHON:-} == */* ]] && PYTHON=$(cd "$(dirname "$PYTHON")" && pwd)/$(basename "$PYTHON")  # before the cd
+cd "$ROOT" || exit 1
+PY=${PYTHON:-python3}; RUNS=${RUNS:-3}
+# NVLink SHARP and multicast off, as for the tables in docs/allreduce.md.
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-OUT=${OUT:-/tmp/b70bench-out}; mkdir -p "$OUT"
-W=/tmp/allreduce-h200x2; rm -rf "$W"; mkdir -p "$W"
-ROOT=$PWD; START=$SECONDS
-left() { echo $(( ${DEADLINE:-500} - (SECONDS - START) )); }
+export PYTHONPATH=$ROOT${PYTHONPATH:+:$PYTHONPATH}
+START=$SECONDS
 exec > >(tee "$OUT/allreduce.log") 2>&1
 
-echo "== machine $(date -u +%FT%TZ)"
+echo "== machine $(date -u +%FT%TZ), commit $(git rev-parse HEAD 2>/dev/null || echo unknown)"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; nvidia-smi topo -m
-python3 -c 'import torch; print("torch", torch.__version__, "gpus", torch.cuda.device_count(), "nccl", torch.cuda.nccl.version())'
-python3 -c 'from cupy.cuda import nccl; print("cupy nccl", nccl.get_version())' || echo "cupy nccl: not importable"
-NCCL_PKG=$(python3 -c 'import nvidia.nccl as m; print(list(m.__path__)[0])')
-echo "nccl package: $NCCL_PKG"; ls "$NCCL_PKG" "$NCCL_PKG/lib"
-# The pip package ships libnccl.so.2 only; the linker's -lnccl wants libnccl.so.
-mkdir -p "$W/nccl/lib"; ln -s "$NCCL_PKG/include" "$W/nccl/include"
-for f in "$NCCL_PKG"/lib/libnccl.so*; do ln -s "$f" "$W/nccl/lib/"; done
-[ -e "$W/nccl/lib/libnccl.so" ] || ln -s "$NCCL_PKG/lib/libnccl.so.2" "$W/nccl/lib/libnccl.so"
-export LD_LIBRARY_PATH="$W/nccl/lib:${LD_LIBRARY_PATH:-}"
-CUDA_HOME=/usr/local/cuda; [ -x $CUDA_HOME/bin/nvcc ] || CUDA_HOME=$(dirname "$(dirname "$(command -v nvcc)")")
-echo "CUDA_HOME=$CUDA_HOME ($($CUDA_HOME/bin/nvcc --version | tail -1))"
+"$PY" -c 'import torch; print("torch", torch.__version__, "gpus", torch.cuda.device_count(),
+                             "nccl", torch.cuda.nccl.version())'
+"$PY" -c 'from cupy.cuda import nccl; print("cupy nccl", nccl.get_version())' || echo "cupy nccl: not importable"
 
-echo "== build nccl-tests $(grep -o 'NCCL_TESTS_VERSION.*' .device/nccl-tests/src/common.h | head -1)"
-NT=$ROOT/.device/nccl-tests
-( cd "$NT" && timeout 300 make -j16 -C src MPI=0 NCCL_HOME="$W/nccl" CUDA_HOME="$CUDA_HOME" \
-    NVCC_GENCODE="-gencode=arch=compute_90,code=sm_90" BUILDDIR="$NT/build" "$NT/build/all_reduce_perf" )
-echo "build rc=$? after $((SECONDS - START)) s"; ls -la "$NT/build/all_reduce_perf"
+echo "== build nccl-tests"
+PERF=$(PYTHON=$PY bash scripts/device/build_nccl_tests.sh "$NT" | tail -1)
+[[ -x $PERF ]] || { echo "the nccl-tests build failed"; exit 1; }
+export LD_LIBRARY_PATH="${NCCL_HOME:-$(dirname "$PERF")/nccl}/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+cp "$NT/src/common.h" "$OUT/nccl-tests-common.h"
 
 echo "== nccl-tests all_reduce_perf"
-timeout 90 "$NT/build/all_reduce_perf" -b 8 -e 256M -f 2 -g 2 -d half -n 100 -w 5 | tee "$W/nccl-tests.txt"
-timeout 90 "$NT/build/all_reduce_perf" -b 8 -e 256M -f 2 -g 2 -d half -n 20 -w 5 -G 100 | tee "$W/nccl-tests-graph.txt"
+timeout 90 "$PERF" -b 8 -e 256M -f 2 -g 2 -d half -n 100 -w 5 | tee "$OUT/nccl-tests.txt"
+timeout 90 "$PERF" -b 8 -e 256M -f 2 -g 2 -d half -n 20 -w 5 -G 100 | tee "$OUT/nccl-tests-graph.txt"
 
-echo "== minimal torch.distributed loop"
-TR="timeout 150 python3 -m torch.distributed.run --standalone --nproc-per-node 2"
-$TR scripts/device/minimal_allreduce.py > "$W/minimal-eager.json"; echo "rc=$?"; cat "$W/minimal-eager.json"
-$TR scripts/device/minimal_allreduce.py --graph > "$W/minimal-graph.json"; echo "rc=$?"; cat "$W/minimal-graph.json"
-
-echo "== suite (3 x eager, 3 x graph, interleaved)"
-B="env PYTHONPATH=. python3 -m b70bench allreduce --world-size 2 --timeout 150"
-for i in 1 2 3; do
+echo "== minimal loop and suite, $RUNS x each, eager and graph interleaved"
+TR="timeout 150 $PY -m torch.distributed.run --standalone --nproc-per-node 2"
+B="timeout 170 $PY -m b70bench allreduce --world-size 2 --timeout 150"
+for i in $(seq 1 "$RUNS"); do
   for how in eager graph; do
-    if [ "$(left)" -lt 60 ]; then echo "skipping suite $how $i: $(left) s left"; continue; fi
-    flag=""; [ $how = graph ] && flag="--graph"
-    timeout 170 $B $flag --json "$W/suite-$how-$i.json"; rc=$?; echo "suite $how $i rc=$rc after $((SECONDS - START)) s"
-    if [ $rc -ne 0 ] && [ $how = graph ]; then  # a mode that cannot be captured must not cost the rest
-      timeout 170 $B $flag --modes in-place,clone,empty-copy --json "$W/suite-$how-$i.json"; echo "retry rc=$?"
+    flag=""; [[ $how == graph ]] && flag="--graph"
+    $TR scripts/device/minimal_allreduce.py $flag > "$OUT/minimal-$how-$i.json"
+    echo "minimal $how $i rc=$? after $((SECONDS - START)) s"
+    $B $flag --json "$OUT/suite-$how-$i.json"; rc=$?; echo "suite $how $i rc=$rc after $((SECONDS - START)) s"
+    if [[ $rc -ne 0 && $how == graph ]]; then  # a mode that cannot be captured must not cost the other rows
+      $B $flag --modes in-place,clone,empty-copy --json "$OUT/suite-$how-$i.json"; echo "retry rc=$?"
     fi
   done
 done
-echo "== fault: a hung rank under the graph path must fail within the timeout, naming it"
-if [ "$(left)" -gt 45 ]; then
-  ( time B70BENCH_FAULT=rank1:hang timeout 60 $B --graph --sizes 8 --modes in-place --timeout 20 ) ; echo "rc=$?"
-fi
-ps -eo pid,args | grep "b70bench.allreduce" | grep -v grep || echo "no rank processes left"
 
-cp .device/nccl-tests/src/common.h "$W/" 2>/dev/null; git rev-parse HEAD > "$W/commit.txt" 2>/dev/null
-tar -czf "$OUT/allreduce-h200x2.tar.gz" --exclude=nccl -C /tmp allreduce-h200x2
-python3 scripts/device/allreduce_report.py "$W" > "$OUT/allreduce-table.md"; cat "$OUT/allreduce-table.md"
-echo "total $((SECONDS - START)) s"
+echo "== graph in-place vs clone at 8 B and 1 MiB, NCCL_GRAPH_REGISTER default and 0"
+G="$B --graph --sizes 8 1M --modes in-place,clone"
+$G --json "$OUT/suite-graph-register1.json"; echo "rc=$?"
+NCCL_GRAPH_REGISTER=0 $G --json "$OUT/suite-graph-register0.json"; echo "NCCL_GRAPH_REGISTER=0 rc=$?"
+
+"$PY" scripts/device/allreduce_report.py "$OUT" > "$OUT/allreduce-table.md"; cat "$OUT/allreduce-table.md"
+echo "total $((SECONDS - START)) s; everything in $OUT"

@@ -4,8 +4,10 @@
     torchrun --standalone --nproc-per-node 2 scripts/device/allreduce_abab.py --cpu --sizes 8,6144 --rounds 3
     python3 scripts/device/allreduce_abab.py --report F.json [--nccl-tests DIR]   # the table again, from the JSON
 
+scripts/device/allreduce_abab.sh runs it on 2 GPUs, with nccl-tests beside it, and prints the table.
+
 Why: eager allreduces <= 1 MiB are host-bound, and separate processes of the *same* minimal loop
-moved up to 1.8x between runs (results/allreduce-h200x2.md), so process-vs-process cannot show 5%.
+moved up to 1.8x between runs (docs/allreduce.md), so process-vs-process cannot show 5%.
 Here A and B share one process group and run back to back per (size, mode), in alternating order
 per round (AB, BA, AB, ...), so drift and position cancel; the figure is the median over rounds of
 the per-round ratio B/A.
@@ -311,7 +313,7 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=120.0, help="process group timeout: a hung peer fails the run")
     ap.add_argument("--json", help="write the summary records, every round and the fingerprint here")
     ap.add_argument("--report", metavar="JSON", help="print the table from a --json file; measure nothing")
-    ap.add_argument("--nccl-tests", metavar="DIR", help="with --report: nccl-tests[-graph].txt from allreduce.sh")
+    ap.add_argument("--nccl-tests", metavar="DIR", help="with --report: nccl-tests[-graph].txt from allreduce_abab.sh")
     args = ap.parse_args()
     if args.report:
         return report(args.report, args.nccl_tests)

@@ -1,7 +1,9 @@
-"""Markdown tables from the allreduce evidence (scripts/device/allreduce.sh + allreduce_repeat.sh outputs).
+"""Markdown tables from the outputs scripts/device/allreduce.sh writes (it runs this as its last step):
 
-    python3 scripts/device/allreduce_report.py results/allreduce-h200x2 > table.md
-Standard library only: it runs on the device machine and here. Values: median over runs [min, max].
+    python3 scripts/device/allreduce_report.py results/allreduce > table.md
+
+Per size and mode, eager and CUDA graph: nccl-tests, the minimal loop and the suite's c10d and raw rows.
+Standard library only, so it runs on any machine the outputs are copied to. Values: median over runs [min, max].
 """
 
 import glob

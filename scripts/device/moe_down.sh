@@ -1,19 +1,26 @@
 #!/usr/bin/env bash
-# The moe-down measurements on one GPU of the device machine, in one call:
-#   bash scripts/device/moe_down.sh [all|table|tune]
-# all: the tiling sweep (graph replay, TP1/TP4 x tokens 1/4/16; triton-htile then takes its winners), then every variant's table for
-# TP1 and TP4 x tokens 1,4,16,64,512, eager and graph-replayed. Logs and JSON go to $OUT.
+# The moe-down tables of docs/moe-down.md on one CUDA GPU: every variant's time per call for TP1 and TP4 x tokens
+# 1, 4, 16, 64, 512, eager and graph-replayed, after a tiling sweep (graph replay, TP1/TP4 x tokens 1/4/16) whose
+# winners triton-htile then takes.
+#   bash scripts/device/moe_down.sh [all|table|tune|par]
+# all: the sweep, then both tables. table: the tables only (with the sweep's winners if OUT/tune.json exists).
+# tune: the sweep only. par: the same on two GPUs at once: sweep TP1 on GPU 0 and TP4 on GPU 1, then the graph
+# table on GPU 0 and the eager table on GPU 1 (each table, with its copy anchor, from one GPU).
 # TILINGS="LABEL ...": the sweep tries only these tilings (b70bench moe-down --tilings). NO_TUNED=1: the
-# tables use each variant's own tiling policy, not the sweep's winners.
-# par: the same on two GPUs at once: sweep TP1 on GPU 0 and TP4 on GPU 1, then the graph table on GPU 0 and the
-# eager table on GPU 1 (each table, with its copy anchor, from one GPU).
+# tables use each variant's own tiling policy, not the sweep's winners. TUNE_SECONDS: the sweep's budget (150).
+# Logs, JSON and env.txt go to OUT (default results/moe-down in this repository); a summary is printed at the end.
+# PYTHON: the interpreter with b70bench, CUDA torch and Triton (python3).
 set -u -o pipefail
+# NVLink SHARP and multicast off, as for the other device scripts.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
-OUT=${OUT:-/tmp/moe-down-out}
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+OUT=${OUT:-$ROOT/results/moe-down}
 MODE=${1:-all}
 TUNE_SECONDS=${TUNE_SECONDS:-150}
-mkdir -p "$OUT"
+mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
+[[ ${PYTHON:-} == */* ]] && PYTHON=$(cd "$(dirname "$PYTHON")" && pwd)/$(basename "$PYTHON")  # before the cd
+cd "$ROOT" || exit 1
 # BACKEND/MOE_ARGS/GRAPH= : a dry run of this script on the CPU (TRITON_INTERPRET=1, small --hidden/--intermediate).
 # shellcheck disable=SC2086
 bench() { local limit=$1; shift; PYTHONPATH=. timeout "$limit" "${PYTHON:-python3}" -m b70bench moe-down \
@@ -57,7 +64,7 @@ if [[ $MODE == all || $MODE == tune ]]; then
     --json "$OUT/tune.json" > "$OUT/tune.log" 2>&1; echo "tune rc=$?"
 fi
 if [[ $MODE == all || $MODE == table ]]; then
-  TUNED=(); [[ -s $OUT/tune.json ]] && TUNED=(--tuned "$OUT/tune.json")
+  TUNED=(); [[ -s $OUT/tune.json && -z ${NO_TUNED:-} ]] && TUNED=(--tuned "$OUT/tune.json")
   bench 240 "${TUNED[@]}" --json "$OUT/eager.json" > "$OUT/eager.log" 2>&1; echo "eager rc=$?"
   bench 240 "${TUNED[@]}" ${GRAPH---graph} --json "$OUT/graph.json" > "$OUT/graph.log" 2>&1; echo "graph rc=$?"
 fi

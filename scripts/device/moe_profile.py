@@ -1,9 +1,10 @@
-"""One moe-down Triton tiling on one shape, called a few times: the program ncu profiles.
+"""One moe-down Triton tiling on one shape, called a few times: the program ncu profiles (moe_dram.sh, moe_probe.sh).
 
-    ncu --clock-control none -k regex:_moe_down --launch-skip 5 --launch-count 1 \
+    PYTHONPATH=. ncu --clock-control none -k regex:_moe_down --launch-skip 5 --launch-count 1 \
         python3 scripts/device/moe_profile.py --tp 1 --tokens 1 --config m1n64k256s1w8st1fused-packed
 
-ncu replays the profiled launch with its caches flushed, so the weights come from HBM as in the suite.
+From the repository root (or with b70bench installed). ncu replays the profiled launch with its caches flushed,
+so the weights come from HBM as in the suite. `--device cpu` with TRITON_INTERPRET=1: a dry run without a GPU.
 """
 
 import argparse

@@ -1,7 +1,7 @@
 """How many programs of each moe-down kernel share an SM, and what the shared-memory carveout does to them.
 
-    CARVEOUT=100 python3 scripts/device/moe_residency.py moe-down --backend cuda --tune --graph --tp 1 --tokens 1 \\
-        --tilings LABEL ...
+    CARVEOUT=100 PYTHONPATH=. python3 scripts/device/moe_residency.py moe-down --backend cuda --tune --graph \\
+        --tp 1 --tokens 1 --tilings LABEL ...
 
 Runs `b70bench` with the given arguments; for every decode kernel it compiles, prints one `OCC` JSON line: its
 registers, static and dynamic shared memory, warps, the -oN pad and the programs per SM the driver allows
