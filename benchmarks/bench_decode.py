@@ -1,12 +1,12 @@
 """End-to-end vLLM decode per (commit, shape) in setup_cache, many figures.
 
-Walking commits (asv sets ASV_COMMIT; CPU default): the commit is measured against its git parent
-the way `b70bench compare` measures, both engines alive together and calls alternating, in blocks of
-fresh engines until decided or B70BENCH_DECODE_BUDGET_MIN (default compare.DEFAULT_BUDGET_MIN) is
-spent (B70BENCH_DECODE_ROUNDS paired rounds a block, default decode.pair.DEFAULT_ROUNDS). Each block is
-one sample: this commit's median seconds per output token (the plotted figure) and its B/A against
-the parent (track_ratio_to_parent, what the website's verdict is read from), with the minutes and calls
-it took. B70BENCH_DECODE_PAIRED=0 (the Makefile's `make bench`) measures
+Walking commits (asv sets ASV_COMMIT): the commit is measured against its git parent the way `b70bench
+compare` measures with --placement auto (on the CPU both engines alive together and calls alternating; on a
+GPU or XPU one engine at a time), in blocks of fresh engines until decided or B70BENCH_DECODE_BUDGET_MIN
+(default paired.stopping.DEFAULT_BUDGET_MIN) is spent (B70BENCH_DECODE_ROUNDS paired rounds a block, default
+decode.pair.DEFAULT_ROUNDS). Each block is one sample: this commit's median seconds per output token (the
+plotted figure) and its B/A against the parent (track_ratio_to_parent, what the website's verdict is read
+from), with the minutes and calls it took. B70BENCH_DECODE_PAIRED=0 (the Makefile's `make bench`) measures
 separate starts instead, as below.
 
 Seconds per output/total token drive regression detection (asv only knows lower-is-better): their
@@ -22,11 +22,12 @@ seeds' shapes. B70BENCH_DECODE_SHAPES
 import os
 from pathlib import Path
 
-from b70bench import cachekey, compare, decode, patches
+from b70bench import cachekey, decode, patches
 from b70bench.decode import model as decode_model
 from b70bench.decode import pair
 from b70bench.decode import suite as decode_suite
 from b70bench.fingerprint import fingerprint
+from b70bench.paired import sides, stopping
 
 from .common import budget_s_from_env, paired_walk, samples, select_device, skip_if, value, whole_from_env
 
@@ -52,7 +53,7 @@ def _paired(dev) -> bool:
 
 
 def _budget_s() -> float:
-    return budget_s_from_env("B70BENCH_DECODE_BUDGET_MIN", compare.DEFAULT_BUDGET_MIN, compare.MIN_BUDGET_MIN)
+    return budget_s_from_env("B70BENCH_DECODE_BUDGET_MIN", stopping.DEFAULT_BUDGET_MIN, stopping.MIN_BUDGET_MIN)
 
 
 def _rounds() -> int:
@@ -60,21 +61,23 @@ def _rounds() -> int:
 
 
 def _paired_summary(shape: str, dev) -> dict:
-    """One shape of this commit against its parent (compare.against_parent) as the figures asv tracks."""
+    """One shape of this commit against its parent (paired.sides.against_parent) as the figures asv tracks."""
     commit = os.environ["ASV_COMMIT"]
     repo = Path(os.environ.get("ASV_CONF_DIR") or ".")
     out_dir = decode_model.cache_root() / "asv-paired" / commit[:12] / shape
-    res = compare.against_parent(
+    res = sides.against_parent(
         repo,
         commit,
         patches.Env(),
         out_dir,
+        pair.compare_series,
         shape=shape,
         budget_s=_budget_s(),
+        backend=dev.backend,
         rounds=_rounds(),
-        level=compare.WALK_LEVEL,
-        first_blocks=compare.WALK_FIRST_BLOCKS,
-        cache_dir=compare.paired_cache_dir(),
+        level=stopping.WALK_LEVEL,
+        first_blocks=stopping.WALK_FIRST_BLOCKS,
+        cache_dir=sides.paired_cache_dir(),
     )
     b = res["sides"]["B"]
     per_block = res["block_s_per_output_token"]["B"]
@@ -85,7 +88,7 @@ def _paired_summary(shape: str, dev) -> dict:
         "model": decode_model.model_id(),
         "dtype": "bfloat16",
         "tp": 1,
-        "max_model_len": compare.engine_spec(shape)[0]["max_model_len"],
+        "max_model_len": pair.engine_spec(shape)[0]["max_model_len"],
         "fingerprint": fingerprint(dev),
         "cache_dir": b["cache_dir"],
         "cache_keys": b["cache_keys_full"],

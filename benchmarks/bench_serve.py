@@ -8,9 +8,10 @@ the website; E2E is the one to read at 1-4 requests on a small CPU, where the AP
 bursts and TPOT reads ~0 (docs/serve.md). Goodput and output tok/s are tracked for people to read. A start
 whose gate failed gives no speed samples.
 
-Walking commits (asv sets ASV_COMMIT; CPU default): each level is measured against the commit's git parent the
-way `b70bench compare --suite serve` measures, both servers alive together and levels alternating, in blocks
-of fresh servers until decided or B70BENCH_SERVE_BUDGET_MIN (per level, default compare.DEFAULT_BUDGET_MIN) is
+Walking commits (asv sets ASV_COMMIT): each level is measured against the commit's git parent the way
+`b70bench compare --suite serve` measures with --placement auto (both servers alive together on the CPU, levels
+alternating; one at a time on a GPU or XPU), in blocks of fresh servers until decided or B70BENCH_SERVE_BUDGET_MIN
+(per level, default paired.stopping.DEFAULT_BUDGET_MIN) is
 spent, B70BENCH_SERVE_ROUNDS rounds a block (default serve.pair.DEFAULT_ROUNDS). Each block is one sample: this
 commit's median E2E (the plotted figure) and its B/A to the parent (track_ratio_to_parent, what the website's
 verdict on E2E is read from), with the minutes and levels it took. B70BENCH_SERVE_PAIRED=0 (`make bench`)
@@ -20,8 +21,9 @@ measures separate starts instead, as above.
 import os
 from pathlib import Path
 
-from b70bench import compare, patches, serve, stats
+from b70bench import patches, serve, stats
 from b70bench.decode import model as decode_model
+from b70bench.paired import sides, stopping
 from b70bench.serve import cli as serve_cli
 from b70bench.serve import pair as serve_pair
 from b70bench.serve import suite as serve_suite
@@ -51,24 +53,25 @@ def _starts() -> int:
     return int(text)
 
 
-def _paired_level(concurrency: int) -> dict:
-    """One level of this commit against its parent (compare.against_parent with serve's pairing), as the
+def _paired_level(concurrency: int, backend: str) -> dict:
+    """One level of this commit against its parent (paired.sides.against_parent with serve's pairing), as the
     figures asv tracks: per block, this commit's median E2E and its B/A to the parent."""
     commit = os.environ["ASV_COMMIT"]
-    res = compare.against_parent(
+    res = sides.against_parent(
         Path(os.environ.get("ASV_CONF_DIR") or "."),
         commit,
         patches.Env(),
         decode_model.cache_root() / "asv-paired-serve" / commit[:12] / f"c{concurrency}",
-        measure=serve_pair.compare_series,
+        serve_pair.compare_series,
         concurrency=concurrency,
-        budget_s=budget_s_from_env("B70BENCH_SERVE_BUDGET_MIN", compare.DEFAULT_BUDGET_MIN, compare.MIN_BUDGET_MIN),
+        budget_s=budget_s_from_env("B70BENCH_SERVE_BUDGET_MIN", stopping.DEFAULT_BUDGET_MIN, stopping.MIN_BUDGET_MIN),
         rounds=whole_from_env("B70BENCH_SERVE_ROUNDS", serve_pair.DEFAULT_ROUNDS, 4, "paired rounds"),
-        level=compare.WALK_LEVEL,
+        level=stopping.WALK_LEVEL,
         min_effect=stats.DEFAULT_MIN_EFFECT,
         floor=stats.DEFAULT_FLOOR,
-        first_blocks=compare.WALK_FIRST_BLOCKS,
-        cache_dir=compare.paired_cache_dir(),
+        first_blocks=stopping.WALK_FIRST_BLOCKS,
+        cache_dir=sides.paired_cache_dir(),
+        backend=backend,
     )
     withheld = res["sides"]["B"]["gate"] == 1
     return {
@@ -94,7 +97,7 @@ class Serve:
         if not all(isinstance(c, int) for c in levels):
             raise NotImplementedError(str(levels[0]))
         if paired_walk(dev, "B70BENCH_SERVE_PAIRED"):
-            return {c: _paired_level(c) for c in levels}
+            return {c: _paired_level(c, dev.backend) for c in levels}
         load = serve_suite.Load.from_shape(
             serve_suite.DEFAULT_SHAPE,
             concurrency=tuple(levels),

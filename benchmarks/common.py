@@ -47,9 +47,10 @@ def budget_s_from_env(name: str, default_min: float, least_min: float) -> float:
 
 
 def paired_walk(dev, switch: str) -> bool:
-    """Walking commits on the CPU (asv sets ASV_COMMIT): measure each against its git parent, paired in time,
-    unless the switch variable is 0 (`make bench`, one commit: per-start samples)."""
-    return bool(os.environ.get("ASV_COMMIT")) and dev.backend == "cpu" and os.environ.get(switch) != "0"
+    """Walking commits (asv sets ASV_COMMIT): measure each against its git parent in blocks, placed as `compare`'s
+    auto places them (together on the CPU, one process at a time on a GPU or XPU), unless the switch variable is 0
+    (`make bench`, one commit: per-start samples)."""
+    return bool(os.environ.get("ASV_COMMIT")) and os.environ.get(switch) != "0"
 
 
 def samples(values):

@@ -7,7 +7,7 @@ makes them SxS),
 running requests in the scheduler's step (synthetic.scheduler_work), `noop` a comment in a file vLLM
 never imports for this model, `same` the identical series. `--hog` starts a CPU hog (nice 10)
 HOG_AFTER_S into every compare and stops it by PID HOG_FOR_S later: drift injected mid-measurement.
-Every compare is a real `compare.compare_series` on this interpreter's environment (nothing is applied
+Every compare is a real `decode.pair.compare_series` on this interpreter's environment (nothing is applied
 to it). Prints one row per compare: verdict, ratio and interval, blocks, calls, minutes, whether the hog ran.
 `--walk` decides as the asv walk does (its level and first look). `--pins last none` runs each compare once
 per engine placement (B70BENCH_PAIR_CPUS, pair.engine_cpus), in turn.
@@ -35,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from b70bench import compare, patches, stats  # noqa: E402
 from b70bench.decode import pair as pairing  # noqa: E402
 from b70bench.hog import Hog  # noqa: E402
+from b70bench.paired import placement, sides, stopping  # noqa: E402
 from b70bench.patches import synthetic  # noqa: E402
 
 HOG_AFTER_S, HOG_FOR_S = 60.0, 120.0
@@ -67,18 +68,21 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--pairs", nargs="+", default=["same", "noop", "graph:1", "graph:2"])
     p.add_argument("--repeats", type=int, default=1, help="compares per pair")
-    p.add_argument("--budget", type=float, default=compare.DEFAULT_BUDGET_MIN, help="minutes per compare")
+    p.add_argument("--budget", type=float, default=stopping.DEFAULT_BUDGET_MIN, help="minutes per compare")
     p.add_argument(
         "--rounds", type=int, default=pairing.DEFAULT_ROUNDS, help="paired rounds a block (the walk test uses 64)"
     )
-    p.add_argument("--level", type=float, default=compare.DEFAULT_LEVEL)
+    p.add_argument("--level", type=float, default=stopping.DEFAULT_LEVEL)
     p.add_argument("--min-effect", type=float, default=stats.DEFAULT_MIN_EFFECT)
     p.add_argument(
         "--walk",
         action="store_true",
-        help="decide as the asv walk does: its level and first look (compare.WALK_LEVEL, WALK_FIRST_BLOCKS)",
+        help="decide as the asv walk does: its level and first look (paired.stopping.WALK_LEVEL, WALK_FIRST_BLOCKS)",
     )
     p.add_argument("--hog", action="store_true", help="inject a CPU hog mid-run in every compare")
+    p.add_argument(
+        "--placement", choices=placement.PLACEMENTS, default=placement.AUTO, help="compare's --placement (default auto)"
+    )
     p.add_argument("--out-dir", default=None, help="keep each compare's blocks here (default: a temp dir)")
     p.add_argument("--json", default=None, help="every compare's result")
     p.add_argument(
@@ -102,16 +106,17 @@ def main() -> int:
                     os.environ["B70BENCH_PAIR_CPUS"] = pin
                 out_dir = root / f"{pair.replace(':', '-')}-{rep}-{time.strftime('%H%M%S')}"
                 with Hog().after(HOG_AFTER_S, HOG_FOR_S) if args.hog else contextlib.nullcontext() as hog:
-                    res = compare.compare_series(
+                    res = pairing.compare_series(
                         {"A": base, "B": dirs[pair]},
                         env,
                         out_dir,
                         budget_s=args.budget * 60,
                         rounds=args.rounds,
-                        level=compare.WALK_LEVEL if args.walk else args.level,
-                        first_blocks=compare.WALK_FIRST_BLOCKS if args.walk else 4,
+                        level=stopping.WALK_LEVEL if args.walk else args.level,
+                        first_blocks=stopping.WALK_FIRST_BLOCKS if args.walk else 4,
                         min_effect=args.min_effect,
-                        cache_dir=compare.paired_cache_dir(),
+                        cache_dir=sides.paired_cache_dir(),
+                        placement=args.placement,
                         out=lambda _line: None,
                     )
                 res.update(pair=pair, pin=pair_cpus(), hog=bool(getattr(hog, "ran", False)), out_dir=str(out_dir))

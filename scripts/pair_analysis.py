@@ -27,7 +27,7 @@ A block of n rounds then spreads sqrt(between^2 + (1.2533 * within)^2 / n): what
 
 --rules DIR... (A/A runs only) resamples their blocks, 8 at a time (seeded), and decides each set the way
 `compare` does (a look at 4 blocks, then at 8; each look at the per-look level of 95% or 99% over 4 looks) by
-two rules: the t interval over the block values, and decode.pair.estimate (each block with its own standard
+two rules: the t interval over the block values, and paired.blocks.estimate (each block with its own standard
 error). B's calls multiplied by 1.03, 1.05 or 1.08 turn the same blocks into slowdowns of known size: the
 share named slower is the power, at 1.00 the share named either way is the false-alarm rate.
 
@@ -41,7 +41,7 @@ line: import, model, compile, gate), the timed rounds (first call sent to the la
 the rest (warm-up calls before the rounds, stopping both engines after them): what a cheaper sample has to cut.
 
 --redecide gives each DIR's verdict again from its recorded blocks with today's block estimator
-(decode.pair.Block.ratio) and `compare`'s defaults (95% over 4 looks, min effect 5%, floor 1%), at the first
+(paired.blocks.Block.ratio) and `compare`'s defaults (95% over 4 looks, min effect 5%, floor 1%), at the first
 look (4 blocks) and over every block the run took: what the estimator alone changes on the same calls.
 """
 
@@ -173,10 +173,11 @@ def components(dirs: list[str]) -> None:
 
 def redecide(dirs: list[str]) -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from b70bench import compare, stats
-    from b70bench.decode import pair
+    from b70bench import stats
+    from b70bench.paired import blocks as pair
+    from b70bench.paired import stopping
 
-    level = pair.per_look_level(compare.DEFAULT_LEVEL)
+    level = stopping.per_look_level(stopping.DEFAULT_LEVEL)
     print("| run | first look: B/A [interval] | verdict | all blocks: B/A [interval] | verdict | blocks |")
     print("|---|---|---|---|---|---|")
     for d in dirs:
@@ -193,12 +194,22 @@ def redecide(dirs: list[str]) -> None:
 
 
 def load_blocks(d: str):
-    from b70bench.decode import pair
+    from b70bench.paired.blocks import Block
 
     out = []
     for p in sorted(Path(d).glob("block[0-9][0-9].json")):
         j = json.loads(p.read_text())
-        out.append(pair.Block(j["index"], j.get("calls") or [], j.get("starts") or {}, j["wall_s"], j["error"]))
+        out.append(
+            Block(
+                j["index"],
+                j.get("calls") or [],
+                j.get("starts") or {},
+                j["wall_s"],
+                j["error"],
+                j.get("placement", "together"),
+                j.get("warm_starts") or {},
+            )
+        )
     return out
 
 
@@ -207,13 +218,14 @@ def rules(dirs: list[str], sets: int = 600, seed: int = 3) -> None:
 
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from b70bench import stats
-    from b70bench.decode import pair
+    from b70bench.paired import blocks as pair
+    from b70bench.paired import stopping
 
     pool = [b for d in dirs for b in load_blocks(d) if b.error is None and b.ratio() is not None]
 
     def slowed(b, factor):
         calls = [dict(c, latency_s=c["latency_s"] * (factor if c["side"] == "B" else 1.0)) for c in b.calls]
-        return pair.Block(b.index, calls, b.starts, b.wall_s, b.error)
+        return pair.Block(b.index, calls, b.starts, b.wall_s, b.error, b.placement)
 
     def t_rule(blocks, level):
         return stats.paired_interval([b.ratio() for b in blocks], level)
@@ -222,7 +234,7 @@ def rules(dirs: list[str], sets: int = 600, seed: int = 3) -> None:
     print("| overall level | rule | B/A | named slower | named faster | no change | undecided | mean blocks |")
     print("|---|---|---|---|---|---|---|---|")
     for overall in (0.95, 0.99):
-        level = pair.per_look_level(overall)
+        level = stopping.per_look_level(overall)
         for name, rule in (("t over blocks", t_rule), ("blocks with their own se", pair.estimate)):
             for factor in (1.0, 1.03, 1.05, 1.08):
                 rng = random.Random(seed)

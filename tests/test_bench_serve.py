@@ -46,11 +46,11 @@ def test_serve_adapter_samples_per_start_and_level(monkeypatch):
 
 
 def test_walking_commits_pairs_each_level_with_the_parent(monkeypatch, tmp_path):
-    """In an asv walk on the CPU each level is compare.against_parent with serve's pairing: per block, this
+    """In an asv walk each level is paired.sides.against_parent with serve's pairing: per block, this
     commit's E2E and its B/A; a gate that failed withholds the speed samples but keeps the minutes."""
     from types import SimpleNamespace
 
-    from b70bench import compare
+    from b70bench.paired import sides, stopping
     from b70bench.serve import pair as serve_pair
     from benchmarks import bench_serve, common
 
@@ -60,12 +60,13 @@ def test_walking_commits_pairs_each_level_with_the_parent(monkeypatch, tmp_path)
     assert not common.paired_walk(cpu, "B70BENCH_SERVE_PAIRED")  # `make bench`-like: no commit walked
     monkeypatch.setenv("ASV_COMMIT", "cd" * 20)
     assert common.paired_walk(cpu, "B70BENCH_SERVE_PAIRED")
-    assert not common.paired_walk(SimpleNamespace(backend="cuda"), "B70BENCH_SERVE_PAIRED")
+    assert common.paired_walk(SimpleNamespace(backend="cuda"), "B70BENCH_SERVE_PAIRED")  # alternate there
 
     seen = []
 
     def fake_against_parent(repo, commit, env, out_dir, measure, **kw):
         seen.append((commit, out_dir.name, measure, kw["concurrency"], kw["first_blocks"], kw["budget_s"]))
+        assert kw["backend"] == "cpu"
         gate = 1 if kw["concurrency"] == 4 else 0
         return {
             "sides": {"B": {"gate": gate}},
@@ -76,7 +77,7 @@ def test_walking_commits_pairs_each_level_with_the_parent(monkeypatch, tmp_path)
             "calls_per_side": 24,
         }
 
-    monkeypatch.setattr(compare, "against_parent", fake_against_parent)
+    monkeypatch.setattr(sides, "against_parent", fake_against_parent)
     monkeypatch.setattr(bench_serve.Serve, "params", [[1, 4, 16]])
     monkeypatch.setattr(bench_serve, "select_device", lambda: cpu)
     monkeypatch.setattr(bench_serve.serve, "unavailable_reason", lambda dev: None)
@@ -85,7 +86,7 @@ def test_walking_commits_pairs_each_level_with_the_parent(monkeypatch, tmp_path)
     b = bench_serve.Serve()
     cache = b.setup_cache()
     assert [(c, n, m, k, f) for c, n, m, k, f, _ in seen] == [
-        ("cd" * 20, f"c{k}", serve_pair.compare_series, k, compare.WALK_FIRST_BLOCKS) for k in (1, 4, 16)
+        ("cd" * 20, f"c{k}", serve_pair.compare_series, k, stopping.WALK_FIRST_BLOCKS) for k in (1, 4, 16)
     ]
     assert {budget for *_, budget in seen} == {720}
     assert b.track_ratio_to_parent(cache, 16) == {"samples": [1.12, 1.13, 1.11], "number": 1}

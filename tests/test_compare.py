@@ -54,7 +54,7 @@ class FakeLive(pair.Engine):
 
 def fake_compare(walker, site, dirs, tmp_path, monkeypatch, **kw):
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(TESTS), str(site)]))
-    return compare.compare_series(
+    return pair.compare_series(
         dirs,
         walker.env,
         tmp_path / "out",
@@ -114,7 +114,7 @@ def test_an_environment_with_a_series_applied_still_compares_each_sides_own(env,
 def test_a_side_that_fails_to_start_is_undecided_with_its_reason(env, tmp_path, monkeypatch):
     walker, repo, site, _stale, empty = env
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(TESTS), str(site)]))
-    res = compare.compare_series(
+    res = pair.compare_series(
         {"A": empty, "B": repo / "patches"},
         walker.env,
         tmp_path / "out",
@@ -126,6 +126,34 @@ def test_a_side_that_fails_to_start_is_undecided_with_its_reason(env, tmp_path, 
     assert res["verdict"] == stats.UNDECIDED and "max_model_len=-1 rejected" in res["text"], res["text"]
     pids = [b["starts"].get(s, {}).get("pid") for b in res["block_records"] for s in "AB"]
     assert not any(runner.group_members(p) for p in pids if p)
+
+
+def test_alternate_placement_names_the_slower_series_one_engine_at_a_time(env, tmp_path, monkeypatch):
+    """--placement alternate: whole starts A B | B A | ..., each side warmed once first and not counted; the result
+    says the placement, its reason and the starts taken; no engine is left running."""
+    walker, repo, site, _stale, empty = env
+    lines = []
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(TESTS), str(site)]))
+    res = pair.compare_series(
+        {"A": empty, "B": repo / "patches"},
+        walker.env,
+        tmp_path / "out",
+        engine_cls=FakeLive,
+        spec={"output_len": 128},
+        rounds=6,
+        placement="alternate",
+        out=lines.append,
+    )
+    assert res["verdict"] == stats.SLOWER and res["ratio"] == pytest.approx(1.1, rel=0.03), res["text"]
+    assert res["placement"] == "alternate" and res["placement_reason"] == "--placement alternate"
+    assert lines[0] == "placement: alternate (--placement alternate)"
+    assert res["starts"] == 2 * res["blocks"] + 2 and res["block_log_ses"] == [None] * res["blocks"]
+    recs = res["block_records"]
+    assert [c["side"] for c in recs[1]["calls"]][:1] == ["B"] and set(recs[0]["warm_starts"]) == {"A", "B"}
+    pids = [x["pid"] for b in recs for x in (*b["starts"].values(), *b["warm_starts"].values())]
+    assert not any(runner.group_members(p) for p in pids)
+    assert "blocks (alternate)" in "\n".join(compare.format_result(res, {"A": "a", "B": "b"}))
+    assert fakedist.model_path(site).read_text() == fakedist.MODEL
 
 
 def test_a_series_that_does_not_apply_is_refused_before_any_start(env, tmp_path, monkeypatch):

@@ -1,37 +1,32 @@
-"""Two vLLM engines alive together, timed call by call in turn: the paired measurement behind verdicts.
+"""decode as a paired target: one vLLM engine per side kept alive and timed call by call (decode/live.py).
 
-On a shared host the speed changes within seconds (the 2-core VM flips between two states 1.5-1.7x
-apart), so figures from separate starts minutes apart differ by more than the changes users care
-about. Here each side is a fresh engine process importing its own patched vLLM (patches.overlay),
-both alive at once; one *block* starts both, then runs `rounds` rounds of one timed call each, in
-the order A B, B A, A B, ... The two calls of a round are a few hundred milliseconds apart, so
-they see the same host, and their ratio B/A cancels what the host did. What the host cannot cancel
-is an offset per process (one start runs a percent or two faster than another of the same code
-for its whole life), so the block, not the call, is the unit of a verdict: each block gives one
-B/A (the 10%-trimmed mean of its rounds' log ratios) and blocks are repeated with fresh processes.
-
-Every call records the host probe taken just before it (child.host_probe), so a reader can check
-the host state of every sample and the analysis can compare pairing, conditioning and normalising.
+Each side is a fresh engine process importing its own patched vLLM (patches.overlay). The placement
+(paired.placement) decides whether both live at once, their calls alternating A B, B A, ... a few hundred
+milliseconds apart so they see the same host, or one at a time; the blocks, the stopping rule and the verdict are
+the paired package's. Every call records the host probe taken just before it (child.host_probe), so a reader can
+check the host state of every sample and the analysis can compare pairing, conditioning and normalising.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
 import select
 import statistics
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from b70bench import stats
+from b70bench import patches, records, stats
 from b70bench.decode import environment, logs, runner
+from b70bench.decode import model as decode_model
+from b70bench.decode import suite as decode_suite
 from b70bench.errors import UsageError
+from b70bench.paired import placement as placements
+from b70bench.paired import report, sides, stopping
+from b70bench.paired.blocks import SIDES, Block, Side
 
-SIDES = "AB"
 # Rounds per block. A round's log B/A spreads ~20% (the host moves within a second) and the rounds, not the
 # per-process offset (~1%), set a block's spread: doubling 48 rounds costs ~15 s on top of the two starts
 # (~25-30 s) and takes a block's spread from ~3.6% to ~2.6%, so 8 blocks fit in 10 minutes and resolve 5%.
@@ -40,10 +35,6 @@ DEFAULT_WARMUP_CALLS = 3
 # Pause before each timed call, for the other engine's OpenMP threads to stop spinning (KMP_BLOCKTIME; the
 # engines get 5 ms, environment.PAIRED_CPU_ENGINE_ENV).
 DEFAULT_GAP_S = 0.02
-# The share of a block's round log ratios dropped from each end before their mean is taken.
-ROUND_TRIM = 0.1
-# Fewer rounds than this and a block's own standard error is too rough to lean on (estimate()).
-MIN_ROUNDS_FOR_SE = 24
 # A start is tens of seconds on the CPU default (import, compile, gate, warm-up); a call well under one.
 START_TIMEOUT_S = 600.0
 CALL_TIMEOUT_S = 120.0
@@ -171,64 +162,6 @@ class Engine:
         return survivors
 
 
-@dataclass
-class Side:
-    """What one side runs: its vLLM overlay (None: the environment as installed) and its compile cache."""
-
-    name: str
-    overlay: Path | None
-    cache_root: Path
-
-
-@dataclass
-class Block:
-    index: int
-    calls: list[dict] = field(default_factory=list)  # side, round, probe_s, latency_s, t_s (since block start)
-    starts: dict = field(default_factory=dict)  # side -> the engine's ready message
-    wall_s: float = 0.0
-    error: str | None = None
-
-    def ratios(self, normalise: bool = False) -> list[float]:
-        """B/A of each complete round (the two calls adjacent in time); normalise: each call over its probe."""
-        by_round: dict[int, dict[str, dict]] = {}
-        for c in self.calls:
-            by_round.setdefault(c["round"], {})[c["side"]] = c
-        out = []
-        for r in sorted(by_round):
-            pair = by_round[r]
-            if len(pair) == 2:
-                a, b = pair["A"], pair["B"]
-                ra = a["latency_s"] / (a["probe_s"] if normalise else 1.0)
-                rb = b["latency_s"] / (b["probe_s"] if normalise else 1.0)
-                out.append(rb / ra)
-        return out
-
-    def ratio(self, normalise: bool = False) -> float | None:
-        """This block's B/A: the ROUND_TRIM-trimmed mean of its rounds' log ratios, exponentiated.
-
-        The rounds' log ratios are nearly independent (lag-1 correlation ~0.05) with heavy tails: over the
-        same A/A blocks the mean spread least, the median most; trimming keeps a few stalled calls from
-        moving it (docs/timing.md)."""
-        rs = self.ratios(normalise)
-        return math.exp(stats.trimmed_mean([math.log(r) for r in rs], ROUND_TRIM)) if rs else None
-
-    def figure(self, side: str) -> float | None:
-        """Median seconds per call of one side in this block."""
-        lat = [c["latency_s"] for c in self.calls if c["side"] == side]
-        return statistics.median(lat) if lat else None
-
-    def to_json(self) -> dict:
-        return {
-            "index": self.index,
-            "wall_s": self.wall_s,
-            "error": self.error,
-            "ratio": self.ratio(),
-            "ratio_normalised": self.ratio(True),
-            "starts": self.starts,
-            "calls": self.calls,
-        }
-
-
 def side_env(base_env: dict, side: Side, embedded: bool) -> dict:
     env = environment.child_env(base_env, side.cache_root, embedded, None)
     if side.overlay is not None:
@@ -236,203 +169,220 @@ def side_env(base_env: dict, side: Side, embedded: bool) -> dict:
     return env
 
 
+class _Live:
+    """One side's engine as the placement drives it (paired.placement's handle)."""
+
+    def __init__(self, engine: Engine, gap_s: float):
+        self.engine, self.gap_s = engine, gap_s
+
+    def ready(self) -> dict:
+        msg = self.engine.ready()
+        msg["log_path"] = str(self.engine.log_path)
+        return msg
+
+    def warm(self) -> None:
+        time.sleep(self.gap_s)
+        self.engine.call()
+
+    def call(self) -> dict:
+        time.sleep(self.gap_s)
+        got = self.engine.call()
+        return {"probe_s": got["probe_s"], "latency_s": got["latency_s"], "cpu": got.get("cpu")}
+
+    def stop(self) -> list[int]:
+        return self.engine.close()
+
+
+class Target:
+    """decode's paired target: start(side, label) launches that side's engine with its own overlay and cache."""
+
+    errors = (EngineError,)
+
+    def __init__(
+        self,
+        sides_: dict[str, Side],
+        spec: dict,
+        base_env: dict,
+        out_dir: Path,
+        *,
+        embedded: bool = True,
+        gap_s: float = DEFAULT_GAP_S,
+        python: str | None = None,
+        engine_cls=None,
+    ):
+        self.sides, self.spec, self.base_env, self.out_dir = sides_, spec, base_env, out_dir
+        self.embedded, self.gap_s, self.python = embedded, gap_s, python
+        self.engine_cls = engine_cls or Engine
+
+    def start(self, side: str, label: str) -> _Live:
+        env = side_env(self.base_env, self.sides[side], self.embedded)
+        return _Live(self.engine_cls(side, self.spec, env, self.out_dir / f"{label}.log", self.python), self.gap_s)
+
+
 def run_block(
     index: int,
-    sides: dict[str, Side],
+    sides_: dict[str, Side],
     spec: dict,
     base_env: dict,
     out_dir: Path,
     *,
+    placement: str = placements.TOGETHER,
     embedded: bool = True,
     rounds: int = DEFAULT_ROUNDS,
     warmup_calls: int = DEFAULT_WARMUP_CALLS,
     gap_s: float = DEFAULT_GAP_S,
     python: str | None = None,
     engine_cls=Engine,
+    warm_first: bool = False,
 ) -> Block:
-    """Start both engines together, alternate timed calls for `rounds` rounds, stop both; every child reaped."""
-    block = Block(index)
-    t0 = time.monotonic()
-    engines: dict[str, Engine] = {}
-    try:
-        # Started together, so the block costs one start's time; which side is started (and called) first
-        # alternates between blocks, so whatever the first slot gets falls on both sides alike.
-        first = SIDES if index % 2 == 0 else SIDES[::-1]
-        for s in first:
-            engines[s] = engine_cls(
-                s, spec, side_env(base_env, sides[s], embedded), out_dir / f"block{index:02d}-{s}.log", python
-            )
-        for s in first:
-            block.starts[s] = engines[s].ready()
-            block.starts[s]["log_path"] = str(engines[s].log_path)
-        for i in range(warmup_calls):
-            for s in first if i % 2 == 0 else first[::-1]:
-                time.sleep(gap_s)
-                engines[s].call()
-        tb = time.monotonic()
-        for r in range(rounds):
-            for s in first if r % 2 == 0 else first[::-1]:
-                time.sleep(gap_s)
-                got = engines[s].call()
-                block.calls.append(
-                    {
-                        "side": s,
-                        "round": r,
-                        "probe_s": got["probe_s"],
-                        "latency_s": got["latency_s"],
-                        "cpu": got.get("cpu"),
-                        "t_s": round(time.monotonic() - tb, 4),
-                    }
-                )
-    except EngineError as err:
-        block.error = str(err)
-    finally:
-        for s, eng in engines.items():
-            survivors = eng.close()
-            if survivors:
-                block.error = (block.error or "") + f"; side {s} left pids {survivors} alive"
-        block.wall_s = time.monotonic() - t0
-    return block
+    """One block of decode calls (paired.placement.run_block over this module's Target)."""
+    target = Target(
+        sides_, spec, base_env, out_dir, embedded=embedded, gap_s=gap_s, python=python, engine_cls=engine_cls
+    )
+    return placements.run_block(
+        index, target, placement, rounds=rounds, warmup_calls=warmup_calls, warm_first=warm_first
+    )
 
 
-@dataclass
-class Paired:
-    """The blocks of one paired measurement and what they decided."""
-
-    blocks: list[Block]
-    ratio: object | None  # stats.Ratio over the blocks' B/A, None below two blocks
-    decision: object | None  # stats.Decision
-    level: float
-    looks: int
-    wall_s: float
-    reason: str | None = None  # why it stopped undecided (budget spent, a side failed, ...)
-
-    @property
-    def good(self) -> list[Block]:
-        return [b for b in self.blocks if b.error is None and b.ratio() is not None]
-
-    @property
-    def calls_per_side(self) -> int:
-        return sum(len(b.ratios()) for b in self.good)
-
-    @property
-    def minutes(self) -> float:
-        return self.wall_s / 60.0
-
-    def text(self) -> str:
-        if self.decision is None:
-            return f"undecided: {self.reason}"
-        return self.decision.text + (f" ({self.reason})" if self.reason and self.decision.word == "undecided" else "")
+DEFAULT_SHAPE = "p128n128"
 
 
-def per_look_level(level: float, max_looks: int = 4) -> float:
-    """The level each look needs for `level` overall over max_looks looks (Bonferroni)."""
-    return 1.0 - (1.0 - level) / max_looks
+def engine_spec(shape: str, model: str | None = None) -> tuple[dict, bool]:
+    """The live engines' spec for one decode shape (the embedded tiny MiniMax-M2 unless model is given)."""
+    prompt_len, output_len, batch = decode_suite.parse_shape(shape)
+    embedded = model is None
+    spec = {
+        "model": str(decode_model.ensure_embedded()) if embedded else model,
+        "dtype": "bfloat16" if embedded else None,
+        "max_model_len": max(decode_suite.DEFAULT_MAX_MODEL_LEN, prompt_len + output_len),
+        "tp": 1,
+        "memory_fraction": None,
+        "engine_args": {},
+        "prompt_len": prompt_len,
+        "output_len": output_len,
+        "batch": batch,
+        "warmup": 1,
+        "gate": True,
+    }
+    return spec, embedded
 
 
-def overall_level(look_level: float, max_looks: int = 4) -> float:
-    """The overall level of max_looks looks at look_level each: per_look_level's inverse."""
-    return 1.0 - (1.0 - look_level) * max_looks
+def base_env(backend: str, environ: dict | None = None) -> dict:
+    """The engines' environment: the CPU's paired settings, pinning and OpenMP threads only on the CPU."""
+    base = dict(os.environ if environ is None else environ)
+    if backend == "cpu":
+        for k, v in environment.PAIRED_CPU_ENGINE_ENV.items():
+            base.setdefault(k, v)
+        cpus = engine_cpus(base)
+        if cpus is not None:
+            base["B70BENCH_ENGINE_CPUS"] = cpus
+            # One OpenMP thread per pinned core: a second thread would float onto whatever core is busy, and
+            # every parallel region of the model would wait for it there.
+            base.setdefault("OMP_NUM_THREADS", str(len(cpus.split(","))))
+    return environment.engine_env(backend, base, None)
 
 
-def block_ses(blocks: list[Block], normalise: bool = False) -> list[float | None]:
-    """Each block's standard error of its log B/A, from its own rounds: their winsorized spread (the block's
-    ratio is their trimmed mean), widened for the rounds' lag-1 correlation pooled over the blocks. None for
-    a block with fewer than MIN_ROUNDS_FOR_SE rounds, whose spread is too rough to lean on."""
-    rounds = [[math.log(r) for r in b.ratios(normalise)] for b in blocks]
-    enough = [x for x in rounds if len(x) >= MIN_ROUNDS_FOR_SE]
-    if not enough:
-        return [None] * len(blocks)
-    rho = min(max(statistics.mean(stats.lag1_correlation(x) for x in enough), 0.0), 0.5)
-    inflate = math.sqrt((1.0 + rho) / (1.0 - rho))
-    return [
-        stats.winsorized_sd(x, ROUND_TRIM) / ((1.0 - 2.0 * ROUND_TRIM) * math.sqrt(len(x))) * inflate
-        if len(x) >= MIN_ROUNDS_FOR_SE
-        else None
-        for x in rounds
-    ]
-
-
-def estimate(blocks: list[Block], level: float, normalise: bool = False):
-    """stats.Ratio of B/A over blocks, or None with fewer than two good blocks: stats.blocks_interval over
-    the blocks' log ratios and block_ses() (two blocks are enough: stats.blocks_interval gives them the
-    two-block floor, where the t over two block values would be 25 times wider at 99%); where a
-    block has too few rounds for its own standard error (the serve suite's few long rounds), the t interval
-    over the block values alone (stats.paired_interval)."""
-    good = [b for b in blocks if b.error is None and b.ratio(normalise) is not None]
-    if len(good) < 2:
-        return None
-    values = [b.ratio(normalise) for b in good]
-    ses = block_ses(good, normalise)
-    if any(s is None or s <= 0 for s in ses):
-        return stats.paired_interval(values, level)
-    return stats.blocks_interval([math.log(v) for v in values], ses, level)
-
-
-def measure(
-    run_one,
+def compare_series(
+    dirs: dict[str, Path],
+    env: patches.Env,
+    out_dir: Path,
     *,
-    budget_s: float,
-    level: float,
-    min_effect: float,
-    floor: float,
-    first_blocks: int = 4,
-    max_looks: int = 4,
+    shape: str = DEFAULT_SHAPE,
+    budget_s: float = stopping.DEFAULT_BUDGET_MIN * 60,
+    level: float = stopping.DEFAULT_LEVEL,
+    min_effect: float = stats.DEFAULT_MIN_EFFECT,
+    floor: float = stats.DEFAULT_FLOOR,
+    rounds: int = DEFAULT_ROUNDS,
+    first_blocks: int = stopping.DEFAULT_FIRST_BLOCKS,
+    python: str | None = None,
+    backend: str = "cpu",
+    placement: str = placements.AUTO,
     out=print,
-    clock=time.monotonic,
-) -> Paired:
-    """Blocks until decided: `first_blocks`, then double while undecided and the budget allows.
+    engine_cls=Engine,
+    spec: dict | None = None,
+    cache_dir: Path | None = None,
+) -> dict:
+    """Measure B against A (series directories) in blocks until decided; returns the result as one JSON-able dict.
 
-    run_one(index) -> Block runs one block. `level` is each look's; at most max_looks looks are taken,
-    so an A/A pair is called different with at most max_looks * (1 - level) (per_look_level()).
-    """
+    cache_dir: where each side's vLLM compile cache lives (default: out_dir). A persistent one makes every start
+    after the first of a graph warm: vLLM on the CPU recompiles at each start, but inductor's generated C++ is
+    cached under the compile-cache key, and most commits leave the graph unchanged."""
+    where, why = placements.choose(placement, backend)
+    out(f"placement: {where} ({why})")
+    sides_ = sides.build_sides(dirs, env, out_dir, cache_dir)
+    spec, embedded = (dict(spec), False) if spec is not None else engine_spec(shape)
+    target = Target(sides_, spec, base_env(backend), out_dir, embedded=embedded, python=python, engine_cls=engine_cls)
+    tokens = spec.get("batch", 1) * spec.get("output_len", 1)
 
-    per_look = level
-    t0 = clock()
-    blocks: list[Block] = []
-    target, looks, reason = first_blocks, 0, None
-    ratio = decision = None
-    while True:
-        while len(blocks) < target:
-            b = run_one(len(blocks))
-            blocks.append(b)
-            ok = [x for x in blocks if x.error is None]
-            out(
-                f"block {b.index + 1}: "
-                + (f"B/A {b.ratio():.3f} over {len(b.ratios())} rounds" if b.error is None else f"failed: {b.error}")
-                + f" ({b.wall_s:.0f} s, {(clock() - t0) / 60:.1f} of {budget_s / 60:.1f} min)"
-            )
-            if b.error is not None and not ok and len(blocks) >= 2:
-                reason = f"every block failed; the last: {b.error}"
-                return Paired(blocks, None, None, per_look, looks, clock() - t0, reason)
-            spent = clock() - t0
-            # The blocks of the first look are the fewest a verdict is read from, so each starts whenever the budget
-            # is not yet spent (the budget then runs over by one block at most): predicting from the cold first
-            # block's cost had stopped a slow host at one block, and two blocks whose process pairs disagree by a
-            # few percent leave even a 9% slowdown undecided. Later blocks start only where the next (costing about
-            # what the last one did) still fits.
-            per_block = b.wall_s
-            over = spent >= budget_s if looks == 0 else spent + per_block > budget_s
-            if over and len(blocks) < target:
-                reason = f"the budget ({budget_s / 60:.1f} min) ran out after {len(blocks)} blocks"
-                break
-        looks += 1
-        ratio = estimate(blocks, per_look)
-        decision = ratio.decide(min_effect, floor) if ratio else None
-        if decision is not None and decision.word != stats.UNDECIDED:
-            reason = None
-            break
-        spent = clock() - t0
-        per_block = blocks[-1].wall_s if blocks else 0.0
-        room = int((budget_s - spent) // per_block) if per_block > 0 else 0
-        if reason or looks >= max_looks or room < 1:
-            reason = reason or (
-                f"the budget ({budget_s / 60:.1f} min) allows no further block"
-                if room < 1
-                else f"{looks} looks taken (the most the level allows)"
-            )
-            break
-        target = len(blocks) + min(len(blocks), room)
-    if ratio is None and reason is None:
-        reason = "fewer than two blocks completed"
-    return Paired(blocks, ratio, decision, per_look, looks, clock() - t0, reason)
+    def run_one(i: int) -> Block:
+        b = placements.run_block(
+            i,
+            target,
+            where,
+            rounds=rounds,
+            warmup_calls=DEFAULT_WARMUP_CALLS,
+            warm_first=i == 0 and where == placements.ALTERNATE,
+        )
+        # Every call with its host probe, for a reader to check (scripts/pair_analysis.py reads these).
+        records.atomic_write_text(out_dir / f"block{i:02d}.json", json.dumps(b.to_json()) + "\n")
+        return b
+
+    result = stopping.measure(
+        run_one,
+        budget_s=budget_s,
+        level=stopping.per_look_level(level),
+        min_effect=min_effect,
+        floor=floor,
+        first_blocks=first_blocks,
+        out=out,
+    )
+    return summarize(result, dirs, shape, tokens, min_effect, where, why, backend)
+
+
+def _side_facts(blocks: list[Block], side: str, key: dict) -> dict:
+    """Gate and compile-cache keys of one side, from its engines' start messages and logs."""
+    hashes, gate_word = report.side_gate(blocks, side, key)
+    keys, first = set(), None
+    for b in blocks:
+        log = Path(b.starts.get(side, {}).get("log_path") or "/nonexistent")
+        if log.is_file():
+            parsed = logs.parse(log.read_text(errors="replace"))
+            keys.update(parsed["cache_keys"])
+            first = first or parsed
+    return {
+        # The first engine's log as decode records carry it (cachekey.from_decode_record reads these).
+        "cache_dir": (first or {}).get("cache_dir"),
+        "cache_keys_full": sorted(keys),
+        "kv_cache_tokens": (first or {}).get("kv_cache_tokens"),
+        "token_sha256": hashes,
+        "gate": gate_word,
+        "cache_keys": sorted(k[:12] for k in keys),
+    }
+
+
+def summarize(
+    result: stopping.Paired,
+    dirs: dict,
+    shape: str,
+    tokens: int,
+    min_effect: float,
+    where: str,
+    why: str,
+    backend: str,
+) -> dict:
+    good = result.good
+    key = report.gate_key(backend)
+    per_token = {s: [b.figure(s) / tokens for b in good if b.figure(s) is not None] for s in SIDES}
+    return {
+        "shape": shape,
+        "figure": "s_per_output_token",
+        "backend": backend,
+        **report.verdict_fields(result, min_effect, where, why),
+        "block_ratios_normalised": [b.ratio(True) for b in good],
+        "median_a": statistics.median(per_token["A"]) if per_token["A"] else None,
+        "median_b": statistics.median(per_token["B"]) if per_token["B"] else None,
+        "block_s_per_output_token": per_token,
+        "series": {s: str(d) for s, d in dirs.items()},
+        "sides": {s: _side_facts(good, s, key) for s in SIDES},
+        "block_records": [b.to_json() for b in result.blocks],
+    }

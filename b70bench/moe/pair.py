@@ -1,0 +1,130 @@
+"""moe-down as a paired target: two kernels (variants, or one variant at two pinned tilings), each side a process
+of its own with its own compile cache (moe/live.py), measured against each other in blocks.
+
+`b70bench compare --suite moe-down A B` with A and B as `variant` or `variant@tiling-label` (b70bench moe-down
+--tune prints labels): the same placements, blocks, stopping rule and verdicts as decode and serve, on a target that
+needs no vLLM, so the measurement engine runs on any device moe-down runs on.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+from pathlib import Path
+
+from b70bench import records, stats
+from b70bench.decode.pair import Engine, EngineError
+from b70bench.paired import placement as placements
+from b70bench.paired import report, stopping
+from b70bench.paired.blocks import SIDES, Block
+
+DEFAULT_ROUNDS = 48
+DEFAULT_TOKENS = 1
+DEFAULT_TP = 4
+
+
+class KernelEngine(Engine):
+    module = "b70bench.moe.live"
+
+
+class _Live:
+    def __init__(self, engine: Engine):
+        self.engine = engine
+
+    def ready(self) -> dict:
+        msg = self.engine.ready()
+        msg["log_path"] = str(self.engine.log_path)
+        return msg
+
+    def warm(self) -> None:
+        self.engine.call()
+
+    def call(self) -> dict:
+        got = self.engine.call()
+        return {"probe_s": got["probe_s"], "latency_s": got["latency_s"]}
+
+    def stop(self) -> list[int]:
+        return self.engine.close()
+
+
+class Target:
+    """Each side's spec (variant[@tiling], tp, tokens, backend) in a process with TRITON_CACHE_DIR of its own."""
+
+    errors = (EngineError,)
+
+    def __init__(self, specs: dict[str, dict], out_dir: Path, *, python: str | None = None, engine_cls=KernelEngine):
+        self.specs, self.out_dir, self.python, self.engine_cls = specs, out_dir, python, engine_cls
+
+    def start(self, side: str, label: str) -> _Live:
+        env = dict(os.environ, TRITON_CACHE_DIR=str(self.out_dir / f"triton-cache-{side}"), PYTHONUNBUFFERED="1")
+        return _Live(self.engine_cls(side, self.specs[side], env, self.out_dir / f"{label}.log", self.python))
+
+
+def compare_kernels(
+    kernels: dict[str, str],
+    out_dir: Path,
+    *,
+    backend: str,
+    tp: int = DEFAULT_TP,
+    tokens: int = DEFAULT_TOKENS,
+    budget_s: float = stopping.DEFAULT_BUDGET_MIN * 60,
+    level: float = stopping.DEFAULT_LEVEL,
+    min_effect: float = stats.DEFAULT_MIN_EFFECT,
+    floor: float = stats.DEFAULT_FLOOR,
+    rounds: int = DEFAULT_ROUNDS,
+    first_blocks: int = stopping.DEFAULT_FIRST_BLOCKS,
+    placement: str = placements.AUTO,
+    python: str | None = None,
+    out=print,
+    engine_cls=KernelEngine,
+) -> dict:
+    """B's kernel against A's, in blocks until decided; one JSON-able dict like decode's and serve's."""
+    where, why = placements.choose(placement, backend)
+    out(f"placement: {where} ({why})")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    specs = {s: {"variant": kernels[s], "tp": tp, "tokens": tokens, "backend": backend} for s in SIDES}
+    target = Target(specs, out_dir, python=python, engine_cls=engine_cls)
+
+    def run_one(i: int) -> Block:
+        b = placements.run_block(
+            i, target, where, rounds=rounds, warmup_calls=2, warm_first=i == 0 and where == placements.ALTERNATE
+        )
+        records.atomic_write_text(out_dir / f"block{i:02d}.json", json.dumps(b.to_json()) + "\n")
+        return b
+
+    result = stopping.measure(
+        run_one,
+        budget_s=budget_s,
+        level=stopping.per_look_level(level),
+        min_effect=min_effect,
+        floor=floor,
+        first_blocks=first_blocks,
+        out=out,
+    )
+    good = result.good
+    per_launch = {s: [b.figure(s) for b in good if b.figure(s) is not None] for s in SIDES}
+    first = next(iter(good), None)
+    return {
+        "suite": "moe-down",
+        "shape": f"tp{tp} tokens{tokens}",
+        "figure": "s_per_launch",
+        "figure_label": "s/launch A",
+        "backend": backend,
+        **report.verdict_fields(result, min_effect, where, why),
+        "median_a": statistics.median(per_launch["A"]) if per_launch["A"] else None,
+        "median_b": statistics.median(per_launch["B"]) if per_launch["B"] else None,
+        "block_s_per_launch": per_launch,
+        "series": dict(kernels),
+        "sides": {
+            s: {
+                "gate": None,
+                "token_sha256": [],
+                "cache_keys": [],
+                "label": (first.starts.get(s) or {}).get("label") if first else None,
+                "rel_err": (first.starts.get(s) or {}).get("rel_err") if first else None,
+            }
+            for s in SIDES
+        },
+        "block_records": [b.to_json() for b in result.blocks],
+    }

@@ -1,0 +1,123 @@
+"""A block: one start per side, its timed calls, its B/A and that ratio's own standard error; the estimate over blocks.
+
+On a shared host the speed changes within seconds (the 2-core VM flips between two states 1.5-1.7x apart), so
+figures from separate starts minutes apart differ by more than the changes users care about. What pairing cannot
+cancel is an offset per process (one start runs a percent or two faster than another of the same code for its
+whole life), so the block, not the call, is the unit of a verdict: each block gives one B/A (the trimmed mean of
+its rounds' log ratios) and blocks are repeated with fresh processes.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from b70bench import stats
+
+SIDES = "AB"
+# The share of a block's round log ratios dropped from each end before their mean is taken.
+ROUND_TRIM = 0.1
+# Fewer rounds than this and a block's own standard error is too rough to lean on (estimate()).
+MIN_ROUNDS_FOR_SE = 24
+
+
+@dataclass
+class Side:
+    """What one side runs: its vLLM overlay (None: the environment as installed) and its compile cache."""
+
+    name: str
+    overlay: Path | None
+    cache_root: Path
+
+
+@dataclass
+class Block:
+    index: int
+    calls: list[dict] = field(default_factory=list)  # side, round, probe_s, latency_s, t_s (since the side's first)
+    starts: dict = field(default_factory=dict)  # side -> its start's ready message
+    wall_s: float = 0.0
+    error: str | None = None
+    placement: str = "together"
+    warm_starts: dict = field(default_factory=dict)  # alternate: side -> the uncounted start that filled its cache
+
+    def ratios(self, normalise: bool = False) -> list[float]:
+        """B/A of each complete round; normalise: each call over its probe. Together, a round's two calls are
+        adjacent in time; alternate, round r of A's start and round r of B's (independent calls of two starts)."""
+        by_round: dict[int, dict[str, dict]] = {}
+        for c in self.calls:
+            by_round.setdefault(c["round"], {})[c["side"]] = c
+        out = []
+        for r in sorted(by_round):
+            pair = by_round[r]
+            if len(pair) == 2:
+                a, b = pair["A"], pair["B"]
+                ra = a["latency_s"] / (a["probe_s"] if normalise else 1.0)
+                rb = b["latency_s"] / (b["probe_s"] if normalise else 1.0)
+                out.append(rb / ra)
+        return out
+
+    def ratio(self, normalise: bool = False) -> float | None:
+        """This block's B/A: the ROUND_TRIM-trimmed mean of its rounds' log ratios, exponentiated.
+
+        The rounds' log ratios are nearly independent (lag-1 correlation ~0.05) with heavy tails: over the
+        same A/A blocks the mean spread least, the median most; trimming keeps a few stalled calls from
+        moving it (docs/timing.md)."""
+        rs = self.ratios(normalise)
+        return math.exp(stats.trimmed_mean([math.log(r) for r in rs], ROUND_TRIM)) if rs else None
+
+    def figure(self, side: str, key: str = "latency_s") -> float | None:
+        """Median of one side's calls in this block (seconds per call, or another figure the calls carry)."""
+        got = [c[key] for c in self.calls if c["side"] == side and c.get(key) is not None]
+        return statistics.median(got) if got else None
+
+    def to_json(self) -> dict:
+        return {
+            "index": self.index,
+            "placement": self.placement,
+            "wall_s": self.wall_s,
+            "error": self.error,
+            "ratio": self.ratio(),
+            "ratio_normalised": self.ratio(True),
+            "starts": self.starts,
+            "warm_starts": self.warm_starts,
+            "calls": self.calls,
+        }
+
+
+def block_ses(blocks: list[Block], normalise: bool = False) -> list[float | None]:
+    """Each block's standard error of its log B/A, from its own rounds: their winsorized spread (the block's
+    ratio is their trimmed mean), widened for the rounds' lag-1 correlation pooled over the blocks. None for
+    a block with fewer than MIN_ROUNDS_FOR_SE rounds, whose spread is too rough to lean on, and for an alternate
+    block: its two starts ran minutes apart, so its rounds are not paired in time and their spread says nothing of
+    what differs between the starts (the host's state over each, each process's own offset); there the block's
+    B/A is one sample, and the interval comes from the spread between blocks."""
+    rounds = [[math.log(r) for r in b.ratios(normalise)] if b.placement != "alternate" else [] for b in blocks]
+    enough = [x for x in rounds if len(x) >= MIN_ROUNDS_FOR_SE]
+    if not enough:
+        return [None] * len(blocks)
+    rho = min(max(statistics.mean(stats.lag1_correlation(x) for x in enough), 0.0), 0.5)
+    inflate = math.sqrt((1.0 + rho) / (1.0 - rho))
+    return [
+        stats.winsorized_sd(x, ROUND_TRIM) / ((1.0 - 2.0 * ROUND_TRIM) * math.sqrt(len(x))) * inflate
+        if len(x) >= MIN_ROUNDS_FOR_SE
+        else None
+        for x in rounds
+    ]
+
+
+def estimate(blocks: list[Block], level: float, normalise: bool = False):
+    """stats.Ratio of B/A over blocks, or None with fewer than two good blocks: stats.blocks_interval over
+    the blocks' log ratios and block_ses() (two blocks are enough: stats.blocks_interval gives them the
+    two-block floor, where the t over two block values would be 25 times wider at 99%); where a
+    block has too few rounds for its own standard error (the serve suite's few long rounds), the t interval
+    over the block values alone (stats.paired_interval)."""
+    good = [b for b in blocks if b.error is None and b.ratio(normalise) is not None]
+    if len(good) < 2:
+        return None
+    values = [b.ratio(normalise) for b in good]
+    ses = block_ses(good, normalise)
+    if any(s is None or s <= 0 for s in ses):
+        return stats.paired_interval(values, level)
+    return stats.blocks_interval([math.log(v) for v in values], ses, level)

@@ -1,0 +1,97 @@
+"""How a block runs the two sides of a target: together or alternate; and which one `auto` picks.
+
+together   both sides' processes alive at once, timed calls alternating A B, B A, ... within the block: the two
+           calls of a round see the same seconds of the host, so their ratio cancels what the host did. Needs
+           the memory for two processes of the stack at once.
+alternate  one process alive at a time: the block starts A, runs its calls, stops it, then B (B first in every
+           other block), so the starts run A B | B A | A B ... and adjacent starts pair into the block's B/A.
+           Before the first block each side gets one uncounted start that fills its compile cache (a cold start
+           after a rebuild is not comparable). For a stack of which two processes do not fit, e.g. a model that
+           fills its GPUs; host drift between the two starts is not cancelled, so more blocks are needed.
+
+A target is what a side runs (decode.pair: an engine answering timed calls; serve.pair: a server answering
+levels): target.start(side, label) -> a handle with ready() (the start's facts: gate hash, log, pid), warm()
+(one untimed call), call() (one timed call: {"latency_s", "probe_s", ...}) and stop() (pids that survived,
+none); target.errors: the exceptions that fail one side (the block then fails with that line).
+"""
+
+from __future__ import annotations
+
+import time
+
+from b70bench.errors import UsageError
+from b70bench.paired.blocks import SIDES, Block
+
+TOGETHER, ALTERNATE, AUTO = "together", "alternate", "auto"
+PLACEMENTS = (AUTO, TOGETHER, ALTERNATE)
+
+
+def choose(requested: str, backend: str) -> tuple[str, str]:
+    """(placement, why): `auto` is together on the CPU and alternate on a GPU or XPU."""
+    if requested not in PLACEMENTS:
+        raise UsageError(f"--placement {requested!r}: pass one of {', '.join(PLACEMENTS)}")
+    if requested != AUTO:
+        return requested, f"--placement {requested}"
+    if backend == "cpu":
+        return TOGETHER, "auto: on the CPU both sides' processes fit in memory at once, and together cancels drift"
+    return ALTERNATE, (f"auto: on {backend} two processes of one model would share each device's memory; one at a time")
+
+
+def _timed(handle, side: str, rnd: int, t0: float) -> dict:
+    got = handle.call()
+    return {**got, "side": side, "round": rnd, "t_s": round(time.monotonic() - t0, 4)}
+
+
+def _stop(block: Block, side: str, handle) -> None:
+    left = handle.stop()
+    if left:
+        block.error = (block.error or "") + f"; side {side} left pids {left} alive"
+
+
+def run_block(index: int, target, placement: str, *, rounds: int, warmup_calls: int, warm_first: bool = False) -> Block:
+    """One block of `rounds` timed calls a side; whichever way it ends, every process of it is stopped and reaped.
+
+    Which side starts (and is called) first alternates between blocks, so whatever the first slot gets falls on
+    both sides alike. warm_first (alternate): before the block, one uncounted start of each side."""
+    block = Block(index, placement=placement)
+    t0 = time.monotonic()
+    order = SIDES if index % 2 == 0 else SIDES[::-1]
+    handles: dict = {}
+    try:
+        if placement == TOGETHER:
+            for s in order:
+                handles[s] = target.start(s, f"block{index:02d}-{s}")
+            for s in order:
+                block.starts[s] = handles[s].ready()
+            for i in range(warmup_calls):
+                for s in order if i % 2 == 0 else order[::-1]:
+                    handles[s].warm()
+            tb = time.monotonic()
+            for r in range(rounds):
+                for s in order if r % 2 == 0 else order[::-1]:
+                    block.calls.append(_timed(handles[s], s, r, tb))
+        elif placement == ALTERNATE:
+            if warm_first:
+                for s in order:
+                    handles[s] = target.start(s, f"warm-{s}")
+                    block.warm_starts[s] = handles[s].ready()
+                    handles[s].warm()
+                    _stop(block, s, handles.pop(s))
+            for s in order:
+                handles[s] = target.start(s, f"block{index:02d}-{s}")
+                block.starts[s] = handles[s].ready()
+                for _ in range(warmup_calls):
+                    handles[s].warm()
+                tb = time.monotonic()
+                for r in range(rounds):
+                    block.calls.append(_timed(handles[s], s, r, tb))
+                _stop(block, s, handles.pop(s))
+        else:
+            raise UsageError(f"placement {placement!r}: choose() one of {', '.join(PLACEMENTS)} first")
+    except target.errors as err:
+        block.error = str(err)
+    finally:
+        for s, h in handles.items():
+            _stop(block, s, h)
+        block.wall_s = time.monotonic() - t0
+    return block

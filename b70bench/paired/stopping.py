@@ -1,0 +1,146 @@
+"""The stopping rule: blocks until the verdict is decided or the budget is spent; the budgets' defaults.
+
+A first look after `first_blocks` blocks; while undecided, the blocks double (as far as the budget allows) for
+at most `max_looks` looks, each at a level that keeps the whole measurement at the overall level asked for
+(Bonferroni: per_look_level). The decision at each look is stats.Ratio.decide, the same function the website
+(verdicts.paired) and kernel-vs-model read blocks with.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from b70bench import stats, verdicts
+from b70bench.paired.blocks import Block, estimate
+
+MAX_LOOKS = 4
+# `compare`'s overall level (each of its looks at per_look_level of it).
+DEFAULT_LEVEL = 0.95
+
+
+def per_look_level(level: float, max_looks: int = MAX_LOOKS) -> float:
+    """The level each look needs for `level` overall over max_looks looks (Bonferroni)."""
+    return 1.0 - (1.0 - level) / max_looks
+
+
+def overall_level(look_level: float, max_looks: int = MAX_LOOKS) -> float:
+    """The overall level of max_looks looks at look_level each: per_look_level's inverse."""
+    return 1.0 - (1.0 - look_level) * max_looks
+
+
+# The walk's (asv's) overall level: each of its looks at the level of the website's verdicts (verdicts.LEVEL),
+# which are read from the same block samples.
+WALK_LEVEL = overall_level(verdicts.LEVEL)
+# The walk's first look: a walk spends its budget on every commit, and on a slow host four blocks of 96 rounds
+# do not fit a few minutes; three, each with its own standard error, name 9% at the first look (tests/test_pair.py).
+WALK_FIRST_BLOCKS = 3
+DEFAULT_FIRST_BLOCKS = 4
+DEFAULT_BUDGET_MIN = 10.0
+# One together block of the CPU default (two starts on a warm cache, 96 rounds) takes about a minute on the 2-core
+# VM; a verdict needs two blocks at least.
+MIN_BUDGET_MIN = 2.0
+
+
+@dataclass
+class Paired:
+    """The blocks of one paired measurement and what they decided."""
+
+    blocks: list[Block]
+    ratio: object | None  # stats.Ratio over the blocks' B/A, None below two blocks
+    decision: object | None  # stats.Decision
+    level: float
+    looks: int
+    wall_s: float
+    reason: str | None = None  # why it stopped undecided (budget spent, a side failed, ...)
+
+    @property
+    def good(self) -> list[Block]:
+        return [b for b in self.blocks if b.error is None and b.ratio() is not None]
+
+    @property
+    def calls_per_side(self) -> int:
+        return sum(len(b.ratios()) for b in self.good)
+
+    @property
+    def starts(self) -> int:
+        """Engine starts taken, counted ones and those that filled a compile cache, good blocks or not."""
+        return sum(len(b.starts) + len(b.warm_starts) for b in self.blocks)
+
+    @property
+    def minutes(self) -> float:
+        return self.wall_s / 60.0
+
+    def text(self) -> str:
+        if self.decision is None:
+            return f"undecided: {self.reason}"
+        return self.decision.text + (f" ({self.reason})" if self.reason and self.decision.word == "undecided" else "")
+
+
+def measure(
+    run_one,
+    *,
+    budget_s: float,
+    level: float,
+    min_effect: float,
+    floor: float,
+    first_blocks: int = DEFAULT_FIRST_BLOCKS,
+    max_looks: int = MAX_LOOKS,
+    out=print,
+    clock=time.monotonic,
+) -> Paired:
+    """Blocks until decided: `first_blocks`, then double while undecided and the budget allows.
+
+    run_one(index) -> Block runs one block. `level` is each look's; at most max_looks looks are taken,
+    so an A/A pair is called different with at most max_looks * (1 - level) (per_look_level()).
+    """
+
+    per_look = level
+    t0 = clock()
+    blocks: list[Block] = []
+    target, looks, reason = first_blocks, 0, None
+    ratio = decision = None
+    while True:
+        while len(blocks) < target:
+            b = run_one(len(blocks))
+            blocks.append(b)
+            ok = [x for x in blocks if x.error is None]
+            out(
+                f"block {b.index + 1}: "
+                + (f"B/A {b.ratio():.3f} over {len(b.ratios())} rounds" if b.error is None else f"failed: {b.error}")
+                + f" ({b.wall_s:.0f} s, {(clock() - t0) / 60:.1f} of {budget_s / 60:.1f} min)"
+            )
+            if b.error is not None and not ok and len(blocks) >= 2:
+                reason = f"every block failed; the last: {b.error}"
+                return Paired(blocks, None, None, per_look, looks, clock() - t0, reason)
+            spent = clock() - t0
+            # The blocks of the first look are the fewest a verdict is read from, so each starts whenever the budget
+            # is not yet spent (the budget then runs over by one block at most): predicting from the cold first
+            # block's cost had stopped a slow host at one block, and two blocks whose process pairs disagree by a
+            # few percent leave even a 9% slowdown undecided. Later blocks start only where the next (costing about
+            # what the last one did) still fits.
+            per_block = b.wall_s
+            over = spent >= budget_s if looks == 0 else spent + per_block > budget_s
+            if over and len(blocks) < target:
+                reason = f"the budget ({budget_s / 60:.1f} min) ran out after {len(blocks)} blocks"
+                break
+        looks += 1
+        ratio = estimate(blocks, per_look)
+        decision = ratio.decide(min_effect, floor) if ratio else None
+        if decision is not None and decision.word != stats.UNDECIDED:
+            reason = None
+            break
+        spent = clock() - t0
+        per_block = blocks[-1].wall_s if blocks else 0.0
+        room = int((budget_s - spent) // per_block) if per_block > 0 else 0
+        if reason or looks >= max_looks or room < 1:
+            reason = reason or (
+                f"the budget ({budget_s / 60:.1f} min) allows no further block"
+                if room < 1
+                else f"{looks} looks taken (the most the level allows)"
+            )
+            break
+        target = len(blocks) + min(len(blocks), room)
+    if ratio is None and reason is None:
+        reason = "fewer than two blocks completed"
+    return Paired(blocks, ratio, decision, per_look, looks, clock() - t0, reason)
