@@ -1,6 +1,6 @@
 """moe-down as a paired target (moe/pair.py, moe/live.py): two kernels, each side its own process, through the
-same placements, blocks and stopping rule as decode and serve. On the CPU with the torch `reference` variant; the
-Triton variants on a GPU are the same path (docs/moe-down.md)."""
+same placements, blocks and stopping rule as decode and serve. On the CPU with torch's int4 op; the Triton variants
+on a GPU are the same path (docs/moe-down.md)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from b70bench.moe import pair as moe_pair
 
 def test_identical_kernels_one_process_at_a_time_are_not_named(tmp_path):
     res = moe_pair.compare_kernels(
-        {"A": "reference", "B": "reference"},
+        {"A": "torch-int4", "B": "torch-int4"},
         tmp_path,
         backend="cpu",
         tokens=1,
@@ -22,6 +22,8 @@ def test_identical_kernels_one_process_at_a_time_are_not_named(tmp_path):
         first_blocks=3,
         budget_s=120,
         placement="alternate",
+        number=4,
+        repeat=3,
         out=lambda _line: None,
     )
     assert res["placement"] == "alternate" and res["blocks"] >= 3, res["text"]
@@ -41,7 +43,7 @@ def test_a_kernel_that_does_not_exist_is_one_line_and_exit_2(tmp_path):
             "compare",
             "--suite",
             "moe-down",
-            "reference",
+            "torch-int4",
             "no-such-kernel",
             "--backend",
             "cpu",

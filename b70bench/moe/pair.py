@@ -75,6 +75,8 @@ def compare_kernels(
     rounds: int = DEFAULT_ROUNDS,
     first_blocks: int = stopping.DEFAULT_FIRST_BLOCKS,
     placement: str = placements.AUTO,
+    number: int = 20,
+    repeat: int = 5,
     python: str | None = None,
     out=print,
     engine_cls=KernelEngine,
@@ -83,7 +85,11 @@ def compare_kernels(
     where, why = placements.choose(placement, backend)
     out(f"placement: {where} ({why})")
     out_dir.mkdir(parents=True, exist_ok=True)
-    specs = {s: {"variant": kernels[s], "tp": tp, "tokens": tokens, "backend": backend} for s in SIDES}
+    # A call: `repeat` device-timed samples of `number` launches (graph replays where the device has graphs).
+    specs = {
+        s: {"variant": kernels[s], "tp": tp, "tokens": tokens, "backend": backend, "number": number, "repeat": repeat}
+        for s in SIDES
+    }
     target = Target(specs, out_dir, python=python, engine_cls=engine_cls)
 
     def run_one(i: int) -> Block:
