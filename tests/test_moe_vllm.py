@@ -109,3 +109,20 @@ def test_a_vllm_of_another_shape_is_a_skipped_row_naming_the_version(monkeypatch
     monkeypatch.setattr(ve, "CLASSES", ("NoSuchExperts",))
     rows = _measure()
     assert all("has none of NoSuchExperts" in r["skipped"] for r in rows)
+
+
+@needs_vllm
+def test_the_variant_runs_first_thing_in_a_fresh_process():
+    """asv times each suite in a fresh process: there vLLM's experts are the first to touch the CPU's matrix units. On a
+    CPU with AMX they died of SIGILL until the process asked Linux for the tile state (vllm_experts.amx_permission)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "b70bench", "moe-down", "--backend", "cpu", "--variants", "vllm", "--tokens", "1"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+    assert "cpu_fused_moe isa" in done.stdout, done.stdout

