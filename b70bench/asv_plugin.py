@@ -49,15 +49,26 @@ DECIDED = (
 )
 # The figures a walk measures paired with the git parent, and the suite whose paired figures decide them:
 # <suite>.track_ratio_to_parent (B/A, one sample per block), .track_ratio_se_to_parent (each block's standard
-# error of its log ratio), .track_minutes and .track_calls (machine minutes, timed calls or levels per side).
+# error of its log ratio), .track_minutes (machine minutes) and the count of what each side timed (TIMED).
 # serve pairs on each level's median E2E, so only E2E is read from its ratios; TPOT and TTFT keep the unpaired rule.
 PAIRED_BY = {
     "bench_decode.Decode.track_s_per_output_token": "bench_decode.Decode",
     "bench_decode.Decode.track_s_per_total_token": "bench_decode.Decode",
     "bench_serve.Serve.track_e2e_s": "bench_serve.Serve",
 }
-PAIRED_FIGURES = ("track_ratio_to_parent", "track_ratio_se_to_parent", "track_minutes", "track_calls")
+PAIRED_FIGURES = ("track_ratio_to_parent", "track_ratio_se_to_parent", "track_minutes")
 PAIRED_SUITES = tuple(dict.fromkeys(PAIRED_BY.values()))
+# What a paired block times on each side, by suite (decode: calls, serve: levels); <suite>.track_<word>s counts them.
+# Results written before serve's count was named track_levels carry it as track_calls, read as the same figure.
+TIMED = {"bench_decode.Decode": "call", "bench_serve.Serve": "level"}
+OLD_COUNT_FIGURE = "track_calls"
+
+
+def count_figures(suite: str) -> tuple[str, ...]:
+    """The names a suite's count of timed calls or levels is stored under, the current one first."""
+    return tuple(dict.fromkeys((f"{suite}.track_{TIMED[suite]}s", f"{suite}.{OLD_COUNT_FIGURE}")))
+
+
 # The exact-token gate of a decided figure's suite (0 pass, 1 fail): a commit that failed it has its speed withheld,
 # and the page says so rather than counting its missing samples.
 GATE_BY = {name: "bench_decode.Decode.track_gate" for name in DECIDED if name.startswith("bench_decode.")}
@@ -69,6 +80,7 @@ WITHDRAWN = (
     "bench_serve.Serve.track_goodput_request_per_s",
     "bench_serve.Serve.track_output_tok_per_s",
     *(f"{suite}.{figure}" for suite in PAIRED_SUITES for figure in PAIRED_FIGURES),
+    *(name for suite in PAIRED_SUITES for name in count_figures(suite)),
 )
 NOTE_ID = "b70bench-verdicts"
 FEED = "b70bench-verdicts.xml"
@@ -210,9 +222,17 @@ class Verdicts(OutputPublisher):
             graph_params = {k: v for k, v in graph.params.items() if len(all_params[k]) > 1}
             seconds = _figure(results, benchmarks, benchmark["name"], graph, revisions)
             suite = PAIRED_BY.get(benchmark["name"])
-            ratios, ses, minutes, calls = (
+            ratios, ses, minutes = (
                 _figure(results, benchmarks, f"{suite}.{figure}", graph, revisions) if suite else {}
                 for figure in PAIRED_FIGURES
+            )
+            calls = next(
+                (
+                    got
+                    for name in (count_figures(suite) if suite else ())
+                    if (got := _figure(results, benchmarks, name, graph, revisions))
+                ),
+                {},
             )
             gate = (
                 _figure(results, benchmarks, GATE_BY[benchmark["name"]], graph, revisions)
@@ -331,12 +351,17 @@ def _against(v: verdicts.Verdict, hash_length: int) -> str:
     )
 
 
-def _samples(v: verdicts.Verdict) -> str:
+def _timed_word(name: str) -> str:
+    """What a paired block of this figure's suite timed on each side: call or level."""
+    return TIMED.get(".".join(name.split("(", 1)[0].split(".")[:2]), "call")
+
+
+def _samples(v: verdicts.Verdict, name: str) -> str:
     if v.rule == verdicts.PAIRED:
         text = f"{v.n} block{'s' if v.n != 1 else ''}"
     else:
         text = f"{v.n} start{'s' if v.n != 1 else ''}" + (f" (reference {v.ratio.n_a})" if v.ratio else "")
-    return text + (f", {v.calls} calls a side" if v.calls is not None else "")
+    return text + (f", {v.calls} {_timed_word(name)}s a side" if v.calls is not None else "")
 
 
 def _write_note(html_dir: str, level: float, min_effect: float, floor: float, rows, hash_length: int) -> None:
@@ -349,7 +374,7 @@ def _write_note(html_dir: str, level: float, min_effect: float, floor: float, ro
         body.append(
             f"<tr><td>{html.escape(name)}</td><td><code>{v.commit[:hash_length]}</code> "
             f"{html.escape(v.subject or '-')}</td><td>{_against(v, hash_length)}</td><td>{figures}</td>"
-            f"<td><b>{html.escape(v.text)}</b></td><td>{_samples(v)}</td><td>{minutes}</td></tr>"
+            f"<td><b>{html.escape(v.text)}</b></td><td>{_samples(v, name)}</td><td>{minutes}</td></tr>"
         )
     rules = tuple(dict.fromkeys(v.rule for *_rest, v in rows)) or (verdicts.PAIRED, verdicts.UNPAIRED)
     decided_by = " and ".join(f"the {rule} rule" for rule in rules)
@@ -412,7 +437,7 @@ def _write_feed(conf, benchmarks, results: list, rows) -> None:
         against = ", ".join(c[: conf.hash_length] for c in v.reference) or "-"
         summary += (
             f"<br>Commit {short} {html.escape(v.subject or '-')} against {against} ({v.rule} rule); "
-            f"{_samples(v)}" + (f"; {v.minutes:.1f} machine minutes" if v.minutes is not None else "") + "."
+            f"{_samples(v, name)}" + (f"; {v.minutes:.1f} machine minutes" if v.minutes is not None else "") + "."
         )
         entries.append(
             feed.FeedEntry(

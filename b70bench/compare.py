@@ -35,13 +35,15 @@ def format_result(res: dict, labels: dict) -> list[str]:
     ms = lambda v: f"{v * 1e3:.3f} ms" if v is not None else "-"  # noqa: E731
     interval = f"[{res['lo']:.3f}, {res['hi']:.3f}]" if res["lo"] is not None else "-"
     ratio = f"{res['ratio']:.3f}" if res["ratio"] is not None else "-"
+    word = "levels" if "levels_per_side" in res else "calls"
+    timed = f"{res[word + '_per_side']} {word}"
     lines = [
         f"{'shape':11} {res.get('figure_label', 's/output token A'):>17} {'B':>10}  {'B/A':>6} {'interval':17} verdict",
         f"{res['shape']:11} {ms(res['median_a']):>17} {ms(res['median_b']):>10}  {ratio:>6} {interval:17} "
         + res["text"],
         f"samples: {res['blocks']} blocks ({res.get('placement', 'together')}) of fresh A+B "
         f"{'servers' if res.get('suite') == 'serve' else 'engines'}, {res.get('starts', '-')} starts, "
-        f"{res['calls_per_side']} {'levels' if res.get('suite') == 'serve' else 'calls'} a side, "
+        f"{timed} a side, "
         f"{res['minutes']:.1f} min, {res['looks']} look(s) at {res['level']:.2%} each",
     ]
     for s in SIDES:

@@ -79,7 +79,7 @@ def _paired_level(concurrency: int, backend: str) -> dict:
         "ratio_to_parent": [] if withheld else res["block_ratios"],
         "ratio_se_to_parent": [] if withheld else res["block_log_ses"],
         "minutes": res["minutes"],
-        "calls": res["calls_per_side"],
+        "levels": res["levels_per_side"],
     }
 
 
@@ -171,8 +171,8 @@ class Serve:
 
     track_minutes.unit = "minutes"
 
-    def track_calls(self, cache, concurrency):
-        """Paired levels per side that decided the verdict."""
-        return value(cache[concurrency], "calls")
+    def track_levels(self, cache, concurrency):
+        """Paired levels per side that decided the verdict (track_calls in results before 2026-12-04)."""
+        return value(cache[concurrency], "levels")
 
-    track_calls.unit = "calls"
+    track_levels.unit = "levels"

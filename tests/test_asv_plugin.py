@@ -327,18 +327,19 @@ def test_blocks_with_their_standard_errors_decide_where_four_block_values_cannot
     assert rows[commits[3]]["verdict"] == stats.UNDECIDED, rows[commits[3]]
 
 
-def test_serve_latency_is_decided_by_serves_own_paired_ratios(tmp_path, monkeypatch):
+@pytest.mark.parametrize("count", ["track_levels", "track_calls"])
+def test_serve_latency_is_decided_by_serves_own_paired_ratios(tmp_path, monkeypatch, count):
     """A walk of the serve suite pairs each commit's level with its parent's (bench_serve.Serve's ratios): its
     E2E figure gets the paired verdict, an 8% slowdown named at its commit and the no-op commits not, and the
     paired figures are withdrawn from asv's fit. Decode's figure names are swapped for serve's in this module's
-    result writer."""
+    result writer. The levels a side are read under their name and under the one results before it carry."""
     me = sys.modules[__name__]
     serve = {
         "SECONDS": "bench_serve.Serve.track_e2e_s",
         "RATIO": "bench_serve.Serve.track_ratio_to_parent",
         "RATIO_SE": "bench_serve.Serve.track_ratio_se_to_parent",
         "MINUTES": "bench_serve.Serve.track_minutes",
-        "CALLS": "bench_serve.Serve.track_calls",
+        "CALLS": f"bench_serve.Serve.{count}",
     }
     units = {serve[k]: UNITS[getattr(me, k)] for k in serve}
     for k, v in serve.items():
@@ -355,6 +356,7 @@ def test_serve_latency_is_decided_by_serves_own_paired_ratios(tmp_path, monkeypa
     assert all(v["rule"] == "paired" for v in rows.values()), rows
     assert rows[commits[3]]["verdict"] == stats.SLOWER and rows[commits[3]]["calls"] == 24, rows[commits[3]]
     assert [rows[commits[i]]["verdict"] for i in (1, 2, 4, 5)].count(stats.SLOWER) == 0, rows
+    assert "8 blocks, 24 levels a side" in (html / "index.html").read_text()
 
 
 @pytest.mark.parametrize("form", UNMEASURED)

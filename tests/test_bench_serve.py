@@ -74,7 +74,7 @@ def test_walking_commits_pairs_each_level_with_the_parent(monkeypatch, tmp_path)
             "block_ratios": [1.12, 1.13, 1.11],
             "block_log_ses": [0.02, 0.03, 0.02],
             "minutes": 13.5,
-            "calls_per_side": 24,
+            "levels_per_side": 24,
         }
 
     monkeypatch.setattr(sides, "against_parent", fake_against_parent)
@@ -92,7 +92,7 @@ def test_walking_commits_pairs_each_level_with_the_parent(monkeypatch, tmp_path)
     assert b.track_ratio_to_parent(cache, 16) == {"samples": [1.12, 1.13, 1.11], "number": 1}
     assert b.track_ratio_se_to_parent(cache, 16)["samples"] == [0.02, 0.03, 0.02]
     assert b.track_e2e_s(cache, 16)["samples"] == [0.90, 0.93, 0.91]  # this commit's side, per block
-    assert b.track_minutes(cache, 16) == 13.5 and b.track_calls(cache, 16) == 24
+    assert b.track_minutes(cache, 16) == 13.5 and b.track_levels(cache, 16) == 24
     assert math.isnan(b.track_ratio_to_parent(cache, 4)) and math.isnan(b.track_e2e_s(cache, 4))  # gate failed
     assert b.track_minutes(cache, 4) == 13.5
     assert math.isnan(b.track_tpot_s(cache, 16)) and math.isnan(b.track_startup_s(cache, 16))  # not paired

@@ -239,7 +239,7 @@ def test_serve_sides_are_paired_servers_and_a_slower_one_is_named(env, tmp_path,
         server_cls=FakeServer,
     )
     assert res["verdict"] == stats.SLOWER and res["ratio"] == pytest.approx(1.1, rel=0.04), res["text"]
-    assert res["blocks"] == 4 and res["calls_per_side"] == 16
+    assert res["blocks"] == 4 and res["levels_per_side"] == 16
     assert res["sides"]["A"]["token_sha256"] == res["sides"]["B"]["token_sha256"]  # both gated through the API
     for rec in res["block_records"]:
         for side in ("A", "B"):

@@ -128,7 +128,7 @@ def test_summary_rows_and_records_for_dashboards():
         {"levels": [lv(1, 0.003, 1.0), lv(16, 0.006, 0.95)], "gate": 0, "model": "m", "shape": "p8n12b1"},
         {"levels": [lv(1, 0.002, 1.0), lv(16, 0.005, 0.8)], "gate": 0, "model": "m", "shape": "p8n12b1"},
     ]
-    rows = serve_cli.summarize(starts)
+    rows = serve_cli.level_rows(starts)
     assert [r["level"] for r in rows] == ["c=1", "c=16"]
     assert rows[0]["tpot_ms"] == pytest.approx(2.0) and rows[1]["tpot_ms"] == pytest.approx(5.0)
     assert serve_cli.best_concurrency(starts, {"tpot_ms": 5}) == 1  # c=16's median start met it for 80%

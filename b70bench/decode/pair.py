@@ -336,7 +336,7 @@ def compare_series(
         first_blocks=first_blocks,
         out=out,
     )
-    return summarize(result, dirs, shape, tokens, min_effect, where, why, backend)
+    return to_result(result, dirs, shape, tokens, min_effect, where, why, backend)
 
 
 def _side_facts(blocks: list[Block], side: str, key: dict) -> dict:
@@ -360,7 +360,7 @@ def _side_facts(blocks: list[Block], side: str, key: dict) -> dict:
     }
 
 
-def summarize(
+def to_result(
     result: stopping.Paired,
     dirs: dict,
     shape: str,
@@ -370,6 +370,7 @@ def summarize(
     why: str,
     backend: str,
 ) -> dict:
+    """A decode compare's JSON-able result: the verdict and what it took, per-block figures, each side's gate."""
     good = result.good
     key = report.gate_key(backend)
     per_token = {s: [b.figure(s) / tokens for b in good if b.figure(s) is not None] for s in SIDES}

@@ -27,8 +27,11 @@ def side_gate(blocks: list[Block], side: str, key: dict) -> tuple[list[str], int
     return hashes, 0 if words and all(v == 0 for v in words) else None
 
 
-def verdict_fields(result: Paired, min_effect: float, placement: str, placement_reason: str) -> dict:
-    """B/A, interval, verdict, and what it took: placement, blocks, starts, calls, minutes."""
+def verdict_fields(
+    result: Paired, min_effect: float, placement: str, placement_reason: str, timed: str = "calls"
+) -> dict:
+    """B/A, interval, verdict, and what it took: placement, blocks, starts, the calls (serve: levels) a side timed,
+    minutes."""
     r, good = result.ratio, result.good
     return {
         "ratio": r.ratio if r else None,
@@ -44,7 +47,7 @@ def verdict_fields(result: Paired, min_effect: float, placement: str, placement_
         "blocks": len(good),
         "blocks_failed": len(result.blocks) - len(good),
         "starts": result.starts,
-        "calls_per_side": result.calls_per_side,
+        f"{timed}_per_side": result.calls_per_side,
         "minutes": result.minutes,
         "looks": result.looks,
         "reason": result.reason,

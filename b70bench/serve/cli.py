@@ -51,7 +51,7 @@ def level_name(lv: dict) -> str:
     return f"c={lv['concurrency']}" if lv["kind"] == "concurrency" else "poisson"
 
 
-def summarize(starts: list[dict]) -> list[dict]:
+def level_rows(starts: list[dict]) -> list[dict]:
     """One row per level: each figure's median over the starts that completed that level, and the start count."""
     names = list(dict.fromkeys(level_name(lv) for s in starts for lv in s["levels"]))
     rows = []
@@ -176,7 +176,7 @@ def run(args) -> int:
         out_dir=args.out_dir,
         device=dev,
     )
-    rows = summarize(recs)
+    rows = level_rows(recs)
     print(records.format_table(rows, list(rows[0]) if rows else ["level"]))
     ups = [r["startup_s"][0] for r in recs if r["startup_s"]]
     if ups:

@@ -195,7 +195,7 @@ def compare_series(
         "figure_label": "E2E A",
         "backend": backend,
         "concurrency": concurrency,
-        **report.verdict_fields(result, min_effect, where, why),
+        **report.verdict_fields(result, min_effect, where, why, timed="levels"),
         "median_a": statistics.median(e2e["A"]) if e2e["A"] else None,
         "median_b": statistics.median(e2e["B"]) if e2e["B"] else None,
         "block_e2e_s": e2e,
