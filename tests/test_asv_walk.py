@@ -14,7 +14,7 @@ History (each commit's patches/series stacked on the previous; b70bench.patches.
                    the isolated call does not run) gains RUNNER_REPS 128x128 products per layer and step
 
 Decode is walked the documented way: each commit against its parent, both engines alive together and
-calls alternating (compare.against_parent, in the asv adapter), blocks until decided or the per-commit
+calls alternating (paired.sides.against_parent, in the asv adapter), blocks until decided or the per-commit
 budget (WALK_BUDGET_MIN) is spent, WALK_ROUNDS rounds a block. The broken commit fails at install;
 cache-key is then measured against noop (its nearest ancestor that installs). Halfway, a CPU hog
 (a busy loop at nice 10) runs beside the engines: started 45 s into noop's measurement and stopped by PID 45 s
