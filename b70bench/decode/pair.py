@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from b70bench import patches, records, stats
+from b70bench import patches, stats
 from b70bench.decode import environment, logs, runner
 from b70bench.decode import model as decode_model
 from b70bench.decode import suite as decode_suite
@@ -169,8 +169,9 @@ def side_env(base_env: dict, side: Side, embedded: bool) -> dict:
     return env
 
 
-class _Live:
-    """One side's engine as the placement drives it (paired.placement's handle)."""
+class EngineHandle:
+    """One side's engine (decode.live's protocol: decode's engines, moe-down's kernels) as the placement drives it
+    (paired.placement's handle); gap_s: the pause before each call."""
 
     def __init__(self, engine: Engine, gap_s: float):
         self.engine, self.gap_s = engine, gap_s
@@ -214,9 +215,11 @@ class Target:
         self.embedded, self.gap_s, self.python = embedded, gap_s, python
         self.engine_cls = engine_cls or Engine
 
-    def start(self, side: str, label: str) -> _Live:
+    def start(self, side: str, label: str) -> EngineHandle:
         env = side_env(self.base_env, self.sides[side], self.embedded)
-        return _Live(self.engine_cls(side, self.spec, env, self.out_dir / f"{label}.log", self.python), self.gap_s)
+        return EngineHandle(
+            self.engine_cls(side, self.spec, env, self.out_dir / f"{label}.log", self.python), self.gap_s
+        )
 
 
 def run_block(
@@ -314,23 +317,14 @@ def compare_series(
     target = Target(sides_, spec, base_env(backend), out_dir, embedded=embedded, python=python, engine_cls=engine_cls)
     tokens = spec.get("batch", 1) * spec.get("output_len", 1)
 
-    def run_one(i: int) -> Block:
-        b = placements.run_block(
-            i,
-            target,
-            where,
-            rounds=rounds,
-            warmup_calls=DEFAULT_WARMUP_CALLS,
-            warm_first=i == 0 and where == placements.ALTERNATE,
-        )
-        # Every call with its host probe, for a reader to check (scripts/pair_analysis.py reads these).
-        records.atomic_write_text(out_dir / f"block{i:02d}.json", json.dumps(b.to_json()) + "\n")
-        return b
-
-    result = stopping.measure(
-        run_one,
+    result = stopping.measure_target(
+        target,
+        where,
+        out_dir,
+        rounds=rounds,
+        warmup_calls=DEFAULT_WARMUP_CALLS,
         budget_s=budget_s,
-        level=stopping.per_look_level(level),
+        level=level,
         min_effect=min_effect,
         floor=floor,
         first_blocks=first_blocks,

@@ -8,16 +8,15 @@ needs no vLLM, so the measurement engine runs on any device moe-down runs on.
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 from pathlib import Path
 
-from b70bench import records, stats
-from b70bench.decode.pair import Engine, EngineError
+from b70bench import stats
+from b70bench.decode.pair import Engine, EngineError, EngineHandle
 from b70bench.paired import placement as placements
 from b70bench.paired import report, stopping
-from b70bench.paired.blocks import SIDES, Block
+from b70bench.paired.blocks import SIDES
 
 DEFAULT_ROUNDS = 48
 DEFAULT_TOKENS = 1
@@ -28,26 +27,6 @@ class KernelEngine(Engine):
     module = "b70bench.moe.live"
 
 
-class _Live:
-    def __init__(self, engine: Engine):
-        self.engine = engine
-
-    def ready(self) -> dict:
-        msg = self.engine.ready()
-        msg["log_path"] = str(self.engine.log_path)
-        return msg
-
-    def warm(self) -> None:
-        self.engine.call()
-
-    def call(self) -> dict:
-        got = self.engine.call()
-        return {"probe_s": got["probe_s"], "latency_s": got["latency_s"]}
-
-    def stop(self) -> list[int]:
-        return self.engine.close()
-
-
 class Target:
     """Each side's spec (variant[@tiling], tp, tokens, backend) in a process with TRITON_CACHE_DIR of its own."""
 
@@ -56,9 +35,10 @@ class Target:
     def __init__(self, specs: dict[str, dict], out_dir: Path, *, python: str | None = None, engine_cls=KernelEngine):
         self.specs, self.out_dir, self.python, self.engine_cls = specs, out_dir, python, engine_cls
 
-    def start(self, side: str, label: str) -> _Live:
+    def start(self, side: str, label: str) -> EngineHandle:
         env = dict(os.environ, TRITON_CACHE_DIR=str(self.out_dir / f"triton-cache-{side}"), PYTHONUNBUFFERED="1")
-        return _Live(self.engine_cls(side, self.specs[side], env, self.out_dir / f"{label}.log", self.python))
+        engine = self.engine_cls(side, self.specs[side], env, self.out_dir / f"{label}.log", self.python)
+        return EngineHandle(engine, gap_s=0.0)  # no pause: it is for CPU engines' OpenMP threads to settle
 
 
 def compare_kernels(
@@ -92,17 +72,14 @@ def compare_kernels(
     }
     target = Target(specs, out_dir, python=python, engine_cls=engine_cls)
 
-    def run_one(i: int) -> Block:
-        b = placements.run_block(
-            i, target, where, rounds=rounds, warmup_calls=2, warm_first=i == 0 and where == placements.ALTERNATE
-        )
-        records.atomic_write_text(out_dir / f"block{i:02d}.json", json.dumps(b.to_json()) + "\n")
-        return b
-
-    result = stopping.measure(
-        run_one,
+    result = stopping.measure_target(
+        target,
+        where,
+        out_dir,
+        rounds=rounds,
+        warmup_calls=2,
         budget_s=budget_s,
-        level=stopping.per_look_level(level),
+        level=level,
         min_effect=min_effect,
         floor=floor,
         first_blocks=first_blocks,

@@ -8,10 +8,13 @@ at most `max_looks` looks, each at a level that keeps the whole measurement at t
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
-from b70bench import stats, verdicts
+from b70bench import records, stats, verdicts
+from b70bench.paired import placement as placements
 from b70bench.paired.blocks import Block, estimate
 
 MAX_LOOKS = 4
@@ -144,3 +147,44 @@ def measure(
     if ratio is None and reason is None:
         reason = "fewer than two blocks completed"
     return Paired(blocks, ratio, decision, per_look, looks, clock() - t0, reason)
+
+
+def measure_target(
+    target,
+    placement: str,
+    out_dir: Path,
+    *,
+    rounds: int,
+    warmup_calls: int,
+    budget_s: float,
+    level: float,
+    min_effect: float,
+    floor: float,
+    first_blocks: int = DEFAULT_FIRST_BLOCKS,
+    out=print,
+) -> Paired:
+    """measure() over blocks of `target` placed as `placement` (the first alternate block warms each side first),
+    each block's calls written to out_dir/blockNN.json for a reader to check (scripts/pair_analysis.py reads them).
+    `level` is the overall level; each look takes per_look_level(level)."""
+
+    def run_one(i: int) -> Block:
+        b = placements.run_block(
+            i,
+            target,
+            placement,
+            rounds=rounds,
+            warmup_calls=warmup_calls,
+            warm_first=i == 0 and placement == placements.ALTERNATE,
+        )
+        records.atomic_write_text(out_dir / f"block{i:02d}.json", json.dumps(b.to_json()) + "\n")
+        return b
+
+    return measure(
+        run_one,
+        budget_s=budget_s,
+        level=per_look_level(level),
+        min_effect=min_effect,
+        floor=floor,
+        first_blocks=first_blocks,
+        out=out,
+    )

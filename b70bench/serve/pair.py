@@ -13,12 +13,10 @@ same four verdicts. Every server is stopped and reaped by PID when its block end
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 from pathlib import Path
 
-from b70bench import records
 from b70bench.decode import child
 from b70bench.decode import model as modelmod
 from b70bench.paired import placement as placements
@@ -164,17 +162,14 @@ def compare_series(
         sides_, load, args, dict(os.environ), out_dir, python=python, server_cls=server_cls, backend=backend
     )
 
-    def run_one(i: int) -> Block:
-        b = placements.run_block(
-            i, target, where, rounds=rounds, warmup_calls=1, warm_first=i == 0 and where == placements.ALTERNATE
-        )
-        records.atomic_write_text(out_dir / f"block{i:02d}.json", json.dumps(b.to_json()) + "\n")
-        return b
-
-    result = stopping.measure(
-        run_one,
+    result = stopping.measure_target(
+        target,
+        where,
+        out_dir,
+        rounds=rounds,
+        warmup_calls=1,
         budget_s=budget_s,
-        level=stopping.per_look_level(level),
+        level=level,
         min_effect=min_effect,
         floor=floor,
         first_blocks=first_blocks,
