@@ -9,7 +9,8 @@ slower, faster, "no change beyond X%" (the interval rules out anything larger) o
 a change of --min-effect), and says the placement, blocks, starts, calls and minutes it took. Beside it each
 side's gate (token hash of fixed prompts) and compile-cache keys, from the same processes.
 
-A thin front: decode.pair and serve.pair are the targets, the paired package the measurement.
+A thin front: decode.pair, serve.pair and moe.pair (--suite moe-down: A and B are kernels, not series) are the
+targets, the paired package the measurement.
 """
 
 from __future__ import annotations
