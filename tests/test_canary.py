@@ -6,9 +6,10 @@ import pytest
 from test_decode_runner import _fake_measure, fake_child  # noqa: F401  (fixture; tests/ is on sys.path under pytest)
 
 from b70bench import device
-from b70bench.decode import canary, gate, model, suite
-from b70bench.decode import tokenizer as tokmod
+from b70bench.decode import canary, suite
 from b70bench.errors import UsageError
+from b70bench.stack import gate, model
+from b70bench.stack import tokenizer as tokmod
 
 
 def test_parse_and_load(tmp_path):

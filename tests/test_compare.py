@@ -15,8 +15,9 @@ import fakedist  # noqa: E402
 from gitrepo import git  # noqa: E402
 
 from b70bench import compare, patches, revisions, stats  # noqa: E402
-from b70bench.decode import pair, runner  # noqa: E402
+from b70bench.decode import pair  # noqa: E402
 from b70bench.errors import UsageError  # noqa: E402
+from b70bench.stack import process
 
 ROOT = Path(__file__).resolve().parent.parent
 TESTS = Path(__file__).resolve().parent
@@ -125,7 +126,7 @@ def test_a_side_that_fails_to_start_is_undecided_with_its_reason(env, tmp_path, 
     )
     assert res["verdict"] == stats.UNDECIDED and "max_model_len=-1 rejected" in res["text"], res["text"]
     pids = [b["starts"].get(s, {}).get("pid") for b in res["block_records"] for s in "AB"]
-    assert not any(runner.group_members(p) for p in pids if p)
+    assert not any(process.group_members(p) for p in pids if p)
 
 
 def test_alternate_placement_names_the_slower_series_one_engine_at_a_time(env, tmp_path, monkeypatch):
@@ -151,7 +152,7 @@ def test_alternate_placement_names_the_slower_series_one_engine_at_a_time(env, t
     recs = res["block_records"]
     assert [c["side"] for c in recs[1]["calls"]][:1] == ["B"] and set(recs[0]["warm_starts"]) == {"A", "B"}
     pids = [x["pid"] for b in recs for x in (*b["starts"].values(), *b["warm_starts"].values())]
-    assert not any(runner.group_members(p) for p in pids)
+    assert not any(process.group_members(p) for p in pids)
     assert "blocks (alternate)" in "\n".join(compare.format_result(res, {"A": "a", "B": "b"}))
     assert fakedist.model_path(site).read_text() == fakedist.MODEL
 
@@ -243,7 +244,7 @@ def test_serve_sides_are_paired_servers_and_a_slower_one_is_named(env, tmp_path,
     assert res["sides"]["A"]["token_sha256"] == res["sides"]["B"]["token_sha256"]  # both gated through the API
     for rec in res["block_records"]:
         for side in ("A", "B"):
-            assert not runner.group_members(rec["starts"][side]["pid"])  # every server reaped
+            assert not process.group_members(rec["starts"][side]["pid"])  # every server reaped
     assert fakedist.model_path(site).read_text() == fakedist.MODEL
 
 

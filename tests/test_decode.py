@@ -9,8 +9,9 @@ import textwrap
 import numpy as np
 import pytest
 
-from b70bench.decode import environment, gate, hooks, logs, model, suite
+from b70bench.decode import hooks
 from b70bench.errors import UsageError
+from b70bench.stack import environment, gate, logs, model, shapes
 
 AOT = "/c/torch_compile_cache/torch_aot_compile/" + "ab" * 32 + "/rank_0_0/model"
 LOG = textwrap.dedent(f"""\
@@ -141,25 +142,25 @@ def test_ensure_embedded_writes_once(tmp_path):
 
 
 def test_shapes_env_file_engine_args(tmp_path):
-    assert suite.parse_shape("p512n1536") == (512, 1536, 1)
-    assert suite.parse_shape("P16N8B4") == (16, 8, 4)
-    assert suite.shape_name(512, 512, 1) == "p512n512b1"
+    assert shapes.parse_shape("p512n1536") == (512, 1536, 1)
+    assert shapes.parse_shape("P16N8B4") == (16, 8, 4)
+    assert shapes.shape_name(512, 512, 1) == "p512n512b1"
     for bad in ("512x512", "p0n5", "p5"):
         with pytest.raises(UsageError, match="p512n512"):
-            suite.parse_shape(bad)
+            shapes.parse_shape(bad)
     f = tmp_path / "flags.env"
     f.write_text("# lab flags\nexport VLLM_A=1\nB='two words'\n\n")
     assert environment.read_env_file(f) == {"VLLM_A": "1", "B": "two words"}
     f.write_text("not a line\n")
     with pytest.raises(UsageError, match="flags.env:1"):
         environment.read_env_file(f)
-    assert suite.parse_engine_args(["enforce_eager=true", "block-size=64", "kv_cache_dtype=fp8"]) == {
+    assert shapes.parse_engine_args(["enforce_eager=true", "block-size=64", "kv_cache_dtype=fp8"]) == {
         "enforce_eager": True,
         "block_size": 64,
         "kv_cache_dtype": "fp8",
     }
     with pytest.raises(UsageError):
-        suite.parse_engine_args(["novalue"])
+        shapes.parse_engine_args(["novalue"])
 
 
 def test_hook_plugin_dir_registers_vllm_general_plugins(tmp_path):

@@ -9,8 +9,9 @@ import time
 
 import pytest
 
-from b70bench.decode import environment, gate, model, runner, suite
+from b70bench.decode import runner, suite
 from b70bench.decode.child import RESULT_PREFIX
+from b70bench.stack import environment, gate, host, model, process
 
 # A stand-in for child.py: same protocol (spec path in argv, one result line), no vLLM.
 FAKE_CHILD = textwrap.dedent(f"""\
@@ -62,7 +63,7 @@ def _alive(pid: int) -> bool:
 
 @pytest.mark.parametrize("mode", ["hang", "orphan"])
 def test_runner_kills_the_whole_group(tmp_path, fake_child, mode, monkeypatch):
-    monkeypatch.setattr(runner, "TERM_GRACE_S", 1.0)
+    monkeypatch.setattr(process, "TERM_GRACE_S", 1.0)
     pidfile = tmp_path / "grandchild.pid"
     t0 = time.monotonic()
     res = runner.run_child(
@@ -206,7 +207,7 @@ def test_cpu_engine_defaults_reach_the_child_and_the_record(tmp_path, fake_child
     child = json.loads(text[text.rindex(RESULT_PREFIX) + len(RESULT_PREFIX) :].splitlines()[0])
     assert child["hashseed"] == "0" and rec["env"]["PYTHONHASHSEED"] == "0"
     # ADDR_NO_RANDOMIZE (0x0040000) in the child's personality: started under setarch -R where it works.
-    assert rec["aslr_off"] == bool(runner.no_aslr_prefix()) == bool(int(child["personality"], 16) & 0x0040000)
+    assert rec["aslr_off"] == bool(process.no_aslr_prefix()) == bool(int(child["personality"], 16) & 0x0040000)
     (free,) = _fake_measure(
         tmp_path, monkeypatch, fake_child, {"p4n4b1": {"mode": "ok"}}, runs=1, cold=False, fixed_layout=False
     )
@@ -217,23 +218,21 @@ def test_cpu_engine_defaults_reach_the_child_and_the_record(tmp_path, fake_child
 
 def test_settle_waits_for_idle_and_gives_up_in_time(monkeypatch):
     busy = iter([0.9, 0.8, 0.05])
-    monkeypatch.setattr(runner, "cpu_busy_share", lambda interval_s: next(busy))
-    assert runner.settle(max_wait_s=60, busy_below=0.1)[1] == 0.05
-    monkeypatch.setattr(runner, "cpu_busy_share", lambda interval_s: (time.sleep(0.05), 0.9)[1])
-    waited, last = runner.settle(max_wait_s=0.2, busy_below=0.1)
+    monkeypatch.setattr(process, "cpu_busy_share", lambda interval_s: next(busy))
+    assert process.settle(max_wait_s=60, busy_below=0.1)[1] == 0.05
+    monkeypatch.setattr(process, "cpu_busy_share", lambda interval_s: (time.sleep(0.05), 0.9)[1])
+    waited, last = process.settle(max_wait_s=0.2, busy_below=0.1)
     assert last == 0.9 and 0.2 <= waited < 2
     monkeypatch.undo()
-    assert 0 <= runner.cpu_busy_share(0.2) <= 1
+    assert 0 <= process.cpu_busy_share(0.2) <= 1
 
 
 def test_host_probe_times_a_fixed_loop(monkeypatch):
-    from b70bench.decode import child
-
     ticks = iter([0.0, 0.5, 1.0, 1.2, 2.0, 2.9])  # three reps taking 0.5, 0.2 and 0.9 s
-    monkeypatch.setattr(child, "PROBE_N", 10)
-    assert child.host_probe(clock=lambda: next(ticks)) == pytest.approx(0.2)
+    monkeypatch.setattr(host, "PROBE_N", 10)
+    assert host.host_probe(clock=lambda: next(ticks)) == pytest.approx(0.2)
     monkeypatch.undo()
-    assert 0 < child.host_probe(reps=1) < 5
+    assert 0 < host.host_probe(reps=1) < 5
 
 
 def test_cpu_preload_names_the_libraries_found_and_keeps_a_callers_own(tmp_path, monkeypatch):

@@ -7,7 +7,8 @@ import re
 
 import pytest
 
-from b70bench.decode import gate, measure, suite
+from b70bench.decode import measure, suite
+from b70bench.stack import gate
 
 pytestmark = [
     pytest.mark.slow,

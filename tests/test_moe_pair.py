@@ -8,8 +8,8 @@ import subprocess
 import sys
 
 from b70bench import stats
-from b70bench.decode import runner
 from b70bench.moe import pair as moe_pair
+from b70bench.stack import process
 
 
 def test_identical_kernels_one_process_at_a_time_are_not_named(tmp_path):
@@ -31,7 +31,7 @@ def test_identical_kernels_one_process_at_a_time_are_not_named(tmp_path):
     assert res["starts"] == 2 * len(res["block_records"]) + 2
     assert all(res["sides"][s]["rel_err"] < 1e-2 for s in "AB"), res["sides"]  # each process checked its kernel
     pids = [x["pid"] for b in res["block_records"] for x in (*b["starts"].values(), *b["warm_starts"].values())]
-    assert len(set(pids)) == len(pids) and not any(runner.group_members(p) for p in pids)
+    assert len(set(pids)) == len(pids) and not any(process.group_members(p) for p in pids)
 
 
 def test_a_kernel_that_does_not_exist_is_one_line_and_exit_2(tmp_path):

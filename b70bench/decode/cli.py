@@ -7,9 +7,10 @@ from pathlib import Path
 
 from b70bench import cli, pytorch_json, records
 from b70bench import device as devmod
-from b70bench.decode import canary, gate, suite
+from b70bench.decode import canary, suite
 from b70bench.decode import hooks as hooksmod
 from b70bench.fingerprint import fingerprint
+from b70bench.stack import gate, shapes
 
 COLUMNS = [
     "shape",
@@ -111,7 +112,7 @@ def run(args) -> int:
         memory_fraction=args.memory_fraction,
         env=env,
         env_file=args.env_file,
-        engine_args=suite.parse_engine_args(args.engine_arg),
+        engine_args=shapes.parse_engine_args(args.engine_arg),
         runs=args.runs,
         cold=not args.no_cold,
         iterations=args.iterations,
@@ -159,7 +160,7 @@ def register(sub) -> None:
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--tp", type=int, default=1, help="tensor parallel size")
     p.add_argument("--dtype", default=None, help="vLLM dtype (default: bfloat16 for the embedded model, else auto)")
-    p.add_argument("--max-model-len", type=int, default=suite.DEFAULT_MAX_MODEL_LEN)
+    p.add_argument("--max-model-len", type=int, default=shapes.DEFAULT_MAX_MODEL_LEN)
     p.add_argument(
         "--memory-fraction",
         type=float,

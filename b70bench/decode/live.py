@@ -25,7 +25,8 @@ import sys
 import time
 import traceback
 
-from b70bench.decode.child import host_probe, peak_memory, start
+from b70bench.decode.child import start
+from b70bench.stack.host import host_probe, peak_memory
 
 
 def serve(spec: dict, reply) -> None:

@@ -3,29 +3,24 @@
 Each side is a fresh engine process importing its own patched vLLM (patches.overlay). The placement
 (paired.placement) decides whether both live at once, their calls alternating A B, B A, ... a few hundred
 milliseconds apart so they see the same host, or one at a time; the blocks, the stopping rule and the verdict are
-the paired package's. Every call records the host probe taken just before it (child.host_probe), so a reader can
+the paired package's. Every call records the host probe taken just before it (host.host_probe), so a reader can
 check the host state of every sample and the analysis can compare pairing, conditioning and normalising.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import select
 import statistics
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 from b70bench import patches, stats
-from b70bench.decode import environment, logs, runner
-from b70bench.decode import model as decode_model
-from b70bench.decode import suite as decode_suite
 from b70bench.errors import UsageError
 from b70bench.paired import placement as placements
 from b70bench.paired import report, sides, stopping
 from b70bench.paired.blocks import SIDES, Block, Side
+from b70bench.stack import environment, logs, shapes
+from b70bench.stack import model as decode_model
+from b70bench.stack.live import EngineError, EngineHandle, LiveProcess
 
 # Rounds per block. A round's log B/A spreads ~20% (the host moves within a second) and the rounds, not the
 # per-process offset (~1%), set a block's spread: doubling 48 rounds costs ~15 s on top of the two starts
@@ -35,9 +30,6 @@ DEFAULT_WARMUP_CALLS = 3
 # Pause before each timed call, for the other engine's OpenMP threads to stop spinning (KMP_BLOCKTIME; the
 # engines get 5 ms, environment.PAIRED_CPU_ENGINE_ENV).
 DEFAULT_GAP_S = 0.02
-# A start is tens of seconds on the CPU default (import, compile, gate, warm-up); a call well under one.
-START_TIMEOUT_S = 600.0
-CALL_TIMEOUT_S = 120.0
 
 
 DEFAULT_PAIR_CPUS = "last"
@@ -69,99 +61,6 @@ def engine_cpus(env: dict) -> str | None:
     return ",".join(map(str, cores))
 
 
-class EngineError(RuntimeError):
-    """One side's engine failed: it did not start, died, or did not answer in time (one line)."""
-
-
-class Engine:
-    """The parent's handle on one live engine (decode/live.py): its own process group, a reply pipe."""
-
-    module = "b70bench.decode.live"  # tests put a stand-in speaking the same protocol here
-
-    def __init__(self, side: str, spec: dict, env: dict, log_path: Path, python: str | None = None):
-        self.side, self.log_path = side, Path(log_path)
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        spec_path = self.log_path.with_suffix(".spec.json")
-        spec_path.write_text(json.dumps(spec, indent=2) + "\n")
-        rfd, wfd = os.pipe()
-        self._log = open(self.log_path, "w")
-        try:
-            self.proc = subprocess.Popen(
-                [python or sys.executable, "-m", self.module, str(spec_path), str(wfd)],
-                stdin=subprocess.PIPE,
-                stdout=self._log,
-                stderr=subprocess.STDOUT,
-                env=env,
-                pass_fds=(wfd,),
-                start_new_session=True,
-                text=True,
-            )
-        except BaseException:
-            os.close(rfd)
-            raise
-        finally:
-            os.close(wfd)
-        self._rfd, self._buf = rfd, b""
-        self.started_at = time.monotonic()
-
-    def _line(self, timeout_s: float) -> dict:
-        deadline = time.monotonic() + timeout_s
-        while b"\n" not in self._buf:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise EngineError(f"side {self.side}: no answer in {timeout_s:.0f} s (log: {self.log_path})")
-            ready, _, _ = select.select([self._rfd], [], [], left)
-            if ready:
-                chunk = os.read(self._rfd, 65536)
-                if not chunk:
-                    code = self.proc.poll()
-                    raise EngineError(
-                        f"side {self.side}: the engine exited (code {code}) before answering: "
-                        f"{self.reason() or 'see ' + str(self.log_path)}"
-                    )
-                self._buf += chunk
-        line, self._buf = self._buf.split(b"\n", 1)
-        msg = json.loads(line)
-        if msg.get("ok") is False:
-            raise EngineError(f"side {self.side}: {msg.get('error')} (log: {self.log_path})")
-        return msg
-
-    def reason(self) -> str | None:
-        return logs.failure_reason_in(self.log_path)
-
-    def ready(self, timeout_s: float = START_TIMEOUT_S) -> dict:
-        msg = self._line(timeout_s)
-        msg["wall_to_ready_s"] = time.monotonic() - self.started_at
-        return msg
-
-    def call(self, timeout_s: float = CALL_TIMEOUT_S) -> dict:
-        try:
-            self.proc.stdin.write("call\n")
-            self.proc.stdin.flush()
-        except (BrokenPipeError, OSError):
-            raise EngineError(f"side {self.side}: the engine is gone: {self.reason() or self.log_path}") from None
-        return self._line(timeout_s)
-
-    def close(self) -> list[int]:
-        """Stop the engine (politely, then its whole process group); returns pids that survived (none)."""
-        try:
-            if self.proc.poll() is None:
-                self.proc.stdin.write("stop\n")
-                self.proc.stdin.flush()
-                self.proc.wait(timeout=30)
-        except (BrokenPipeError, OSError, subprocess.TimeoutExpired):
-            pass
-        survivors = runner.kill_group(self.proc.pid, grace_s=5.0)
-        self.proc.wait()
-        for f in (self.proc.stdin, self._log):
-            try:
-                f.close()
-            except OSError:
-                pass
-        os.close(self._rfd)
-        return survivors
-
-
 def side_env(base_env: dict, side: Side, embedded: bool) -> dict:
     env = environment.child_env(base_env, side.cache_root, embedded, None)
     if side.overlay is not None:
@@ -169,29 +68,10 @@ def side_env(base_env: dict, side: Side, embedded: bool) -> dict:
     return env
 
 
-class EngineHandle:
-    """One side's engine (decode.live's protocol: decode's engines, moe-down's kernels) as the placement drives it
-    (paired.placement's handle); gap_s: the pause before each call."""
+class Engine(LiveProcess):
+    """One side's decode engine (decode/live.py)."""
 
-    def __init__(self, engine: Engine, gap_s: float):
-        self.engine, self.gap_s = engine, gap_s
-
-    def ready(self) -> dict:
-        msg = self.engine.ready()
-        msg["log_path"] = str(self.engine.log_path)
-        return msg
-
-    def warm(self) -> None:
-        time.sleep(self.gap_s)
-        self.engine.call()
-
-    def call(self) -> dict:
-        time.sleep(self.gap_s)
-        got = self.engine.call()
-        return {"probe_s": got["probe_s"], "latency_s": got["latency_s"], "cpu": got.get("cpu")}
-
-    def stop(self) -> list[int]:
-        return self.engine.close()
+    module = "b70bench.decode.live"
 
 
 class Target:
@@ -252,12 +132,12 @@ DEFAULT_SHAPE = "p128n128"
 
 def engine_spec(shape: str, model: str | None = None) -> tuple[dict, bool]:
     """The live engines' spec for one decode shape (the embedded tiny MiniMax-M2 unless model is given)."""
-    prompt_len, output_len, batch = decode_suite.parse_shape(shape)
+    prompt_len, output_len, batch = shapes.parse_shape(shape)
     embedded = model is None
     spec = {
         "model": str(decode_model.ensure_embedded()) if embedded else model,
         "dtype": "bfloat16" if embedded else None,
-        "max_model_len": max(decode_suite.DEFAULT_MAX_MODEL_LEN, prompt_len + output_len),
+        "max_model_len": max(shapes.DEFAULT_MAX_MODEL_LEN, prompt_len + output_len),
         "tp": 1,
         "memory_fraction": None,
         "engine_args": {},

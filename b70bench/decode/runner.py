@@ -8,22 +8,16 @@ waits until no process of that group is alive before it returns.
 
 from __future__ import annotations
 
-import functools
 import json
-import os
-import platform
-import shutil
-import signal
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from b70bench.decode import logs
-from b70bench.decode.child import RESULT_PREFIX, cpu_jiffies
-
-TERM_GRACE_S = 10.0
+from b70bench.decode.child import RESULT_PREFIX
+from b70bench.stack import logs
+from b70bench.stack.process import kill_group
 
 
 @dataclass
@@ -38,66 +32,6 @@ class ChildRun:
     survivors: list[int] = field(default_factory=list)  # pids still alive after the kill (should be none)
 
 
-def group_members(pgid: int) -> list[int]:
-    """Live (non-zombie) processes whose process group is pgid, read from /proc."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        # Fields after the command name (which may contain spaces) start after the last ')'.
-        rest = stat[stat.rfind(")") + 2 :].split()
-        if len(rest) > 2 and rest[0] != "Z" and int(rest[2]) == pgid:
-            found.append(int(entry))
-    return found
-
-
-def kill_group(pgid: int, grace_s: float | None = None) -> list[int]:
-    """SIGTERM then SIGKILL every process in the group; returns the pids that still live after that."""
-    for sig, wait_s in ((signal.SIGTERM, TERM_GRACE_S if grace_s is None else grace_s), (signal.SIGKILL, 5.0)):
-        if not group_members(pgid):
-            return []
-        try:
-            os.killpg(pgid, sig)
-        except ProcessLookupError:
-            return []
-        deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline and group_members(pgid):
-            time.sleep(0.1)
-    return group_members(pgid)
-
-
-def cpu_busy_share(interval_s: float = 1.0) -> float | None:
-    """Share of all cores busy (anything but idle and iowait) over interval_s, from /proc/stat."""
-    try:
-        (t0, b0), _ = cpu_jiffies(), time.sleep(interval_s)
-        t1, b1 = cpu_jiffies()
-    except (OSError, ValueError):
-        return None
-    return (b1 - b0) / (t1 - t0) if t1 > t0 else None
-
-
-def settle(max_wait_s: float = 30.0, busy_below: float = 0.1, interval_s: float = 1.0) -> tuple[float, float | None]:
-    """Wait (up to max_wait_s) until the machine is idle before a timed start; returns (waited s, last busy share).
-
-    The previous run's process group is gone by then (run_child waits for it), but the kernel may
-    still be reclaiming its memory and other work may be running: on 2 cores either shows up in
-    the next run's figures, so the run starts on an idle machine where it can and records how idle.
-    """
-    t0 = time.monotonic()
-    # Dirty pages (a just-installed environment is gigabytes) are written back by kernel threads
-    # that compete with the start for the cores, yet count as I/O wait, not as busy: flush first.
-    os.sync()
-    while True:
-        busy = cpu_busy_share(interval_s)
-        if busy is None or busy < busy_below or time.monotonic() - t0 >= max_wait_s:
-            return time.monotonic() - t0, busy
-
-
 def _result_line(text: str) -> dict | None:
     for line in reversed(text.splitlines()):
         i = line.find(RESULT_PREFIX)
@@ -107,25 +41,6 @@ def _result_line(text: str) -> dict | None:
             except ValueError:
                 return None
     return None
-
-
-@functools.cache
-def no_aslr_prefix() -> tuple[str, ...]:
-    """`setarch <arch> -R`: start a command with address-space randomization off, where that works here.
-
-    With PYTHONHASHSEED fixed too, every start of the same code gets the same memory layout, which
-    rules the layout out as a cause of run-to-run spread (it was not the cause here: docs/decode.md).
-    Unprivileged; empty where setarch is missing or refuses (then nothing changes).
-    """
-    exe = shutil.which("setarch")
-    if not exe:
-        return ()
-    prefix = (exe, platform.machine(), "-R")
-    try:
-        ok = subprocess.run([*prefix, "true"], capture_output=True, timeout=10).returncode == 0
-    except (OSError, subprocess.SubprocessError):
-        ok = False
-    return prefix if ok else ()
 
 
 def run_child(

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import tempfile
 import time
@@ -12,19 +11,19 @@ from pathlib import Path
 
 from b70bench import device as devmod
 from b70bench import records, timing
-from b70bench.decode import canary, environment, gate, logs, runner
+from b70bench.decode import canary, runner
 from b70bench.decode import hooks as hooksmod
-from b70bench.decode import model as modelmod
-from b70bench.decode import tokenizer as tokmod
 from b70bench.errors import UsageError
 from b70bench.fingerprint import dist_version, fingerprint
+from b70bench.stack import environment, gate, logs, process
+from b70bench.stack import model as modelmod
+from b70bench.stack import tokenizer as tokmod
+from b70bench.stack.shapes import DEFAULT_MAX_MODEL_LEN, parse_shape, shape_name
 
 DEFAULT_SHAPES = ("p512n512", "p512n1536", "p512n2048")
-DEFAULT_MAX_MODEL_LEN = 2048
 CPU_MEMORY_FRACTION = 0.2  # on the CPU this is the share of host RAM for the KV cache; 0.92 fails
 DEFAULT_TIMEOUT_S = 1200.0
 DEFAULT_SETTLE_S = 30.0
-_SHAPE = re.compile(r"^p(\d+)n(\d+)(?:b(\d+))?$")
 # Figures that are withheld (None) when the quality gate fails.
 SPEED_KEYS = (
     "output_tok_per_s",
@@ -39,31 +38,6 @@ SPEED_KEYS = (
     "itl_s_p90",
     "itl_s_p99",
 )
-
-
-def parse_shape(text: str, batch: int = 1) -> tuple[int, int, int]:
-    m = _SHAPE.match(text.strip().lower())
-    if not m or int(m.group(1)) < 1 or int(m.group(2)) < 1:
-        raise UsageError(f"bad shape {text!r}: write prompt and output lengths as p512n512 (optionally b4 for batch 4)")
-    return int(m.group(1)), int(m.group(2)), int(m.group(3) or batch)
-
-
-def shape_name(prompt_len: int, output_len: int, batch: int) -> str:
-    return f"p{prompt_len}n{output_len}b{batch}"
-
-
-def parse_engine_args(items: list[str] | None) -> dict:
-    """KEY=VALUE pairs for LLM(...); values are JSON where they parse (numbers, true, lists), else strings."""
-    out = {}
-    for item in items or []:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise UsageError(f"bad engine arg {item!r}: write KEY=VALUE, e.g. --engine-arg enforce_eager=true")
-        try:
-            out[key.replace("-", "_")] = json.loads(value)
-        except ValueError:
-            out[key.replace("-", "_")] = value
-    return out
 
 
 def _tokenizer_for(canaries: list[dict], tokenizer: str | None, embedded: bool, model_path: str) -> str | None:
@@ -168,7 +142,7 @@ def _run_one(
         if (k.startswith(environment.ENV_PREFIXES) or k in common["env_keys"]) and k != "PYTHONPATH"
     }
     header += [f"{logs._ENV_HEADER}{k}={v}" for k, v in kept_env.items()]
-    settled_s, busy_before = runner.settle(common["settle_s"]) if common["settle_s"] > 0 else (0.0, None)
+    settled_s, busy_before = process.settle(common["settle_s"]) if common["settle_s"] > 0 else (0.0, None)
     load_before = os.getloadavg()[0]
     child = runner.run_child(
         spec,
@@ -308,7 +282,7 @@ def measure(
         "hooks": list(hooks),
         "python": python,
         "settle_s": settle_s,
-        "prefix": runner.no_aslr_prefix() if fixed_layout else (),
+        "prefix": process.no_aslr_prefix() if fixed_layout else (),
         "env_keys": set(file_env) | set(env or {}),
     }
     out: list[dict] = []

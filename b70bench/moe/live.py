@@ -23,10 +23,10 @@ def start(spec: dict):
     import torch
 
     from b70bench import device, timing
-    from b70bench.decode.child import host_probe
     from b70bench.moe import configs, suite
     from b70bench.moe import variants as varmod
     from b70bench.moe.shapes import MoeShape, random_batch, random_weights
+    from b70bench.stack.host import host_probe
 
     dev = device.select(spec.get("backend"), None)
     dtype = getattr(torch, spec.get("dtype", "bfloat16"))

@@ -13,17 +13,17 @@ import statistics
 from pathlib import Path
 
 from b70bench import stats
-from b70bench.decode.pair import Engine, EngineError, EngineHandle
 from b70bench.paired import placement as placements
 from b70bench.paired import report, stopping
 from b70bench.paired.blocks import SIDES
+from b70bench.stack.live import EngineError, EngineHandle, LiveProcess
 
 DEFAULT_ROUNDS = 48
 DEFAULT_TOKENS = 1
 DEFAULT_TP = 4
 
 
-class KernelEngine(Engine):
+class KernelEngine(LiveProcess):
     module = "b70bench.moe.live"
 
 

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from b70bench import device, stats
-from b70bench.decode import gate
-from b70bench.decode import model as decode_model
 from b70bench.fingerprint import dist_version
 from b70bench.paired.blocks import Block, block_ses
 from b70bench.paired.stopping import Paired
+from b70bench.stack import gate
+from b70bench.stack import model as decode_model
 
 
 def gate_key(backend: str) -> dict:

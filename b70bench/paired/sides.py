@@ -11,9 +11,9 @@ import tempfile
 from pathlib import Path
 
 from b70bench import patches, revisions
-from b70bench.decode import model as decode_model
 from b70bench.errors import UsageError
 from b70bench.paired.blocks import SIDES, Side
+from b70bench.stack import model as decode_model
 
 # How far back against_parent looks for an ancestor whose series installs.
 MAX_SKIPPED_PARENTS = 10

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 from b70bench import stats
-from b70bench.decode import runner
+from b70bench.stack import process
 
 # From vllm bench serve's result: the figures set beside b70bench's (milliseconds and rates, its names).
 FIELDS = (
@@ -92,7 +92,7 @@ def run_bench(
     except subprocess.TimeoutExpired:
         code = None
     finally:
-        runner.kill_group(proc.pid)
+        process.kill_group(proc.pid)
         proc.wait()
     if code != 0 or not out_json.exists():
         tail = log.read_text(errors="replace").strip().splitlines()[-1:] if log.exists() else []

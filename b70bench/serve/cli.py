@@ -13,12 +13,11 @@ from pathlib import Path
 from b70bench import cli, pytorch_json, records, stats
 from b70bench import device as devmod
 from b70bench.cachekey import artifacts
-from b70bench.decode import gate, tokenizer
-from b70bench.decode import model as modelmod
-from b70bench.decode import suite as decode_suite
 from b70bench.errors import UsageError
 from b70bench.fingerprint import dist_version, fingerprint
 from b70bench.serve import server, suite
+from b70bench.stack import gate, shapes, tokenizer
+from b70bench.stack import model as modelmod
 
 # What the asv adapter keeps per level and start.
 LEVEL_KEYS = tuple(key for _fig, _metric, key, _scale in suite.LEVEL_FIGURES)
@@ -107,7 +106,7 @@ def measure(
     dtype = "bfloat16" if embedded else None
     out_dir = Path(out_dir) if out_dir else modelmod.cache_root() / "serve-runs" / time.strftime("%Y%m%dT%H%M%S")
     out_dir.mkdir(parents=True, exist_ok=True)
-    max_len = max(decode_suite.DEFAULT_MAX_MODEL_LEN, load.prompt_len + load.output_len)
+    max_len = max(shapes.DEFAULT_MAX_MODEL_LEN, load.prompt_len + load.output_len)
     if embedded and load.anchor_rounds:  # the anchor sends text: the embedded model's word-level tokenizer
         load.tokenizer = str(tokenizer.ensure(Path(model_path), modelmod.embedded_config()))
     skip = "" if embedded and not load.tokenizer else load.tokenizer
@@ -133,7 +132,7 @@ def measure(
         rec.update(
             start=i,
             model=model_label,
-            shape=decode_suite.shape_name(load.prompt_len, load.output_len, 1),
+            shape=shapes.shape_name(load.prompt_len, load.output_len, 1),
             server_args=args,
             cache_keys=sorted({k["key"] for k in keys}),
             slo=load.slo,

@@ -17,12 +17,12 @@ import os
 import statistics
 from pathlib import Path
 
-from b70bench.decode import child
-from b70bench.decode import model as modelmod
 from b70bench.paired import placement as placements
 from b70bench.paired import report, sides, stopping
 from b70bench.paired.blocks import MIN_ROUNDS_FOR_SE, SIDES, Block, Side
 from b70bench.serve import server, suite
+from b70bench.stack import host, shapes
+from b70bench.stack import model as modelmod
 
 DEFAULT_CONCURRENCY = 16
 # Paired levels a side per block: enough for the block's own standard error (blocks.MIN_ROUNDS_FOR_SE). With 8, the
@@ -64,7 +64,7 @@ class _Live:
         self._level()
 
     def call(self) -> dict:
-        probe = child.host_probe(reps=1)
+        probe = host.host_probe(reps=1)
         lv = self._level()
         return {
             "probe_s": probe,
@@ -149,14 +149,13 @@ def compare_series(
     server_cls=server.Server,
 ) -> dict:
     """B against A (series directories), servers paired at one concurrency; one JSON-able dict."""
-    from b70bench.decode import suite as decode_suite
 
     where, why = placements.choose(placement, backend)
     out(f"placement: {where} ({why})")
     sides_ = sides.build_sides(dirs, env, out_dir, cache_dir)
     load = suite.Load.from_shape(shape, concurrency=(concurrency,))
     model = str(modelmod.ensure_embedded())
-    max_len = max(decode_suite.DEFAULT_MAX_MODEL_LEN, load.prompt_len + load.output_len)
+    max_len = max(shapes.DEFAULT_MAX_MODEL_LEN, load.prompt_len + load.output_len)
     args = suite.server_args(model, max_len, concurrency, "bfloat16", [], "")
     target = Target(
         sides_, load, args, dict(os.environ), out_dir, python=python, server_cls=server_cls, backend=backend

@@ -16,8 +16,8 @@ import sys
 import time
 from pathlib import Path
 
-from b70bench.decode import logs, runner
 from b70bench.errors import UsageError
+from b70bench.stack import logs, process
 
 MODULE = "vllm.entrypoints.openai.api_server"
 HEALTH_TIMEOUT_S = 600.0
@@ -122,7 +122,7 @@ class Server:
         """SIGTERM, then SIGKILL, to the server's process group; returns pids that survived (none expected)."""
         if self.proc is None:
             return []
-        survivors = runner.kill_group(self.proc.pid)
+        survivors = process.kill_group(self.proc.pid)
         self.proc.wait()
         return survivors
 

@@ -23,9 +23,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from b70bench.decode import child, environment, gate, runner
-from b70bench.decode import suite as decode_suite
+from b70bench.decode import child
 from b70bench.serve import client, metrics, server
+from b70bench.stack import environment, gate, process, shapes
 
 DEFAULT_SHAPE = "p128n128"
 DEFAULT_CONCURRENCY = (1, 4, 16)
@@ -79,7 +79,7 @@ class Load:
 
     @classmethod
     def from_shape(cls, shape: str, **kw) -> Load:
-        prompt_len, output_len, _batch = decode_suite.parse_shape(shape)
+        prompt_len, output_len, _batch = shapes.parse_shape(shape)
         return cls(prompt_len=prompt_len, output_len=output_len, **kw)
 
 
@@ -223,7 +223,7 @@ class CpuShares:
     def __enter__(self):
         self.t0 = time.monotonic()
         self.me0 = resource.getrusage(resource.RUSAGE_SELF)
-        self.srv0 = _cpu_s(runner.group_members(self.srv.proc.pid))
+        self.srv0 = _cpu_s(process.group_members(self.srv.proc.pid))
         return self
 
     def __exit__(self, *exc):
@@ -231,7 +231,7 @@ class CpuShares:
         me = resource.getrusage(resource.RUSAGE_SELF)
         self.client_share = (me.ru_utime - self.me0.ru_utime + me.ru_stime - self.me0.ru_stime) / wall
         # Processes that exited during the level drop out of the sum: a lower bound then.
-        self.server_share = max(0.0, _cpu_s(runner.group_members(self.srv.proc.pid)) - self.srv0) / wall
+        self.server_share = max(0.0, _cpu_s(process.group_members(self.srv.proc.pid)) - self.srv0) / wall
 
 
 def gate_through_api(port: int, vocab: int | None = None, timeout_s: float = 300.0) -> tuple[str | None, str | None]:

@@ -33,7 +33,7 @@ CPU_PRELOAD_DIRS = (
     Path("/usr/lib/aarch64-linux-gnu"),
     Path("/usr/lib"),
 )
-# With fixed_layout every start also gets these and runs with ASLR off (runner.no_aslr_prefix), so the
+# With fixed_layout every start also gets these and runs with ASLR off (process.no_aslr_prefix), so the
 # same code gets the same memory layout each start. Off by default: measured, it did not make warm
 # runs agree better here (docs/decode.md).
 LAYOUT_ENV: dict[str, str] = {"PYTHONHASHSEED": "0"}

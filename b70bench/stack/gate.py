@@ -26,7 +26,7 @@ OUTPUT_LEN = 64
 PROMPT_SEED = 145
 # Prompt ids stay below 10000 as in vllm.benchmarks.latency, so any vocab of that size works.
 ID_LOW, ID_HIGH = 3, 10000
-GATES_FILE = Path(str(resources.files("b70bench.decode").joinpath("gates.json")))
+GATES_FILE = Path(str(resources.files("b70bench.stack").joinpath("gates.json")))
 
 PASS, FAIL = 0, 1
 

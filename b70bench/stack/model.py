@@ -32,7 +32,7 @@ ENV_CACHE = "B70BENCH_CACHE"
 
 
 def embedded_config() -> dict:
-    return json.loads(resources.files("b70bench.decode").joinpath(CONFIG_NAME).read_text())
+    return json.loads(resources.files("b70bench.stack").joinpath(CONFIG_NAME).read_text())
 
 
 def cache_root() -> Path:

@@ -1,0 +1,141 @@
+"""The parent's handle on one live process of the stack: started in its own process group, answering commands
+read from its stdin with one JSON line each on a reply pipe (decode.live's engines, moe.live's kernels).
+
+The first line is the start's result ("ready": true) or "ok": false and the error; every later line answers one
+"call"; "stop" ends it. Whatever the process does, close() leaves nothing of its group alive.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from b70bench.stack import logs, process
+
+# A start is tens of seconds on the CPU default (import, compile, gate, warm-up); a call well under one. A stack
+# sets its own start timeout (stack.Stack.start_timeout_s).
+START_TIMEOUT_S = 600.0
+CALL_TIMEOUT_S = 120.0
+
+
+class EngineError(RuntimeError):
+    """One side's engine failed: it did not start, died, or did not answer in time (one line)."""
+
+
+class LiveProcess:
+    """The parent's handle on one live process: `python -m <module> SPEC.json FD`, its own process group."""
+
+    module: str  # the subclass's: the module run with -m (tests put stand-ins speaking the same protocol here)
+
+    def __init__(self, side: str, spec: dict, env: dict, log_path: Path, python: str | None = None):
+        self.side, self.log_path = side, Path(log_path)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        spec_path = self.log_path.with_suffix(".spec.json")
+        spec_path.write_text(json.dumps(spec, indent=2) + "\n")
+        rfd, wfd = os.pipe()
+        self._log = open(self.log_path, "w")
+        try:
+            self.proc = subprocess.Popen(
+                [python or sys.executable, "-m", self.module, str(spec_path), str(wfd)],
+                stdin=subprocess.PIPE,
+                stdout=self._log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                pass_fds=(wfd,),
+                start_new_session=True,
+                text=True,
+            )
+        except BaseException:
+            os.close(rfd)
+            raise
+        finally:
+            os.close(wfd)
+        self._rfd, self._buf = rfd, b""
+        self.started_at = time.monotonic()
+
+    def _line(self, timeout_s: float) -> dict:
+        deadline = time.monotonic() + timeout_s
+        while b"\n" not in self._buf:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise EngineError(f"side {self.side}: no answer in {timeout_s:.0f} s (log: {self.log_path})")
+            ready, _, _ = select.select([self._rfd], [], [], left)
+            if ready:
+                chunk = os.read(self._rfd, 65536)
+                if not chunk:
+                    code = self.proc.poll()
+                    raise EngineError(
+                        f"side {self.side}: the engine exited (code {code}) before answering: "
+                        f"{self.reason() or 'see ' + str(self.log_path)}"
+                    )
+                self._buf += chunk
+        line, self._buf = self._buf.split(b"\n", 1)
+        msg = json.loads(line)
+        if msg.get("ok") is False:
+            raise EngineError(f"side {self.side}: {msg.get('error')} (log: {self.log_path})")
+        return msg
+
+    def reason(self) -> str | None:
+        return logs.failure_reason_in(self.log_path)
+
+    def ready(self, timeout_s: float = START_TIMEOUT_S) -> dict:
+        msg = self._line(timeout_s)
+        msg["wall_to_ready_s"] = time.monotonic() - self.started_at
+        return msg
+
+    def call(self, timeout_s: float = CALL_TIMEOUT_S) -> dict:
+        try:
+            self.proc.stdin.write("call\n")
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            raise EngineError(f"side {self.side}: the engine is gone: {self.reason() or self.log_path}") from None
+        return self._line(timeout_s)
+
+    def close(self) -> list[int]:
+        """Stop the engine (politely, then its whole process group); returns pids that survived (none)."""
+        try:
+            if self.proc.poll() is None:
+                self.proc.stdin.write("stop\n")
+                self.proc.stdin.flush()
+                self.proc.wait(timeout=30)
+        except (BrokenPipeError, OSError, subprocess.TimeoutExpired):
+            pass
+        survivors = process.kill_group(self.proc.pid, grace_s=5.0)
+        self.proc.wait()
+        for f in (self.proc.stdin, self._log):
+            try:
+                f.close()
+            except OSError:
+                pass
+        os.close(self._rfd)
+        return survivors
+
+
+class EngineHandle:
+    """One side's engine (decode.live's protocol: decode's engines, moe-down's kernels) as the placement drives it
+    (paired.placement's handle); gap_s: the pause before each call."""
+
+    def __init__(self, engine: LiveProcess, gap_s: float):
+        self.engine, self.gap_s = engine, gap_s
+
+    def ready(self) -> dict:
+        msg = self.engine.ready()
+        msg["log_path"] = str(self.engine.log_path)
+        return msg
+
+    def warm(self) -> None:
+        time.sleep(self.gap_s)
+        self.engine.call()
+
+    def call(self) -> dict:
+        time.sleep(self.gap_s)
+        got = self.engine.call()
+        return {"probe_s": got["probe_s"], "latency_s": got["latency_s"], "cpu": got.get("cpu")}
+
+    def stop(self) -> list[int]:
+        return self.engine.close()
