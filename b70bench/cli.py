@@ -43,6 +43,16 @@ def add_device_args(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_stack_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--stack",
+        metavar="FILE",
+        default=None,
+        help="the stack under test, a TOML file (docs/stacks.md; default: B70BENCH_STACK, else the embedded tiny "
+        "MiniMax-M2 on the CPU's settings)",
+    )
+
+
 def add_json_arg(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--json",

@@ -27,9 +27,9 @@ from b70bench.decode import pair
 from b70bench.errors import UsageError
 from b70bench.paired import placement as placements
 from b70bench.paired import sides, stopping
-from b70bench.paired.blocks import SIDES
+from b70bench.paired.blocks import SIDES, Side
+from b70bench.stack import description, environment, shapes
 from b70bench.stack import model as decode_model
-from b70bench.stack import shapes
 
 
 def format_result(res: dict, labels: dict) -> list[str]:
@@ -42,15 +42,79 @@ def format_result(res: dict, labels: dict) -> list[str]:
         f"{'shape':11} {res.get('figure_label', 's/output token A'):>17} {'B':>10}  {'B/A':>6} {'interval':17} verdict",
         f"{res['shape']:11} {ms(res['median_a']):>17} {ms(res['median_b']):>10}  {ratio:>6} {interval:17} "
         + res["text"],
-        f"samples: {res['blocks']} blocks ({res.get('placement', 'together')}) of fresh A+B "
+        f"samples: {res['blocks']} blocks ({res.get('placement', 'together')}: {res.get('placement_reason', '-')}) "
+        f"of fresh A+B "
         f"{'servers' if res.get('suite') == 'serve' else 'engines'}, {res.get('starts', '-')} starts, "
         f"{timed} a side, "
         f"{res['minutes']:.1f} min, {res['looks']} look(s) at {res['level']:.2%} each",
     ]
+    if res.get("stack"):
+        st = res["stack"]
+        lines.append(
+            f"stack: {st['name']} ({st.get('source') or 'built in'}, {st['hash']}): {st['model']}, tp{st['tp']}, "
+            f"{st['dtype']}{', ' + st['quantization'] if st.get('quantization') else ''}; device {res.get('device')}"
+        )
     for s in SIDES:
         f = res["sides"][s]
         g = {0: "pass", 1: "FAIL", None: "unpinned"}[f["gate"]]
         lines.append(f"side {s} ({labels[s]}): gate {g}; cache keys {' | '.join(f['cache_keys']) or '-'}")
+    if any(res["sides"][s]["gate"] is None for s in SIDES) and res.get("suite") != "moe-down":
+        lines.append(
+            "gate unpinned for this stack: review, then pin with `b70bench decode --stack FILE --shapes "
+            "p16n16 --runs 1 --no-cold --accept-gate` (one pin per model, TP, dtype, quantization, backend, vLLM)"
+        )
+    return lines
+
+
+def budget_text(args) -> str:
+    starts = f" or {args.max_starts} counted starts, whichever comes first" if args.max_starts else ""
+    return f"{args.budget:g} min{starts}"
+
+
+def plan_lines(args, stack: description.Stack, dev, where: str, why: str) -> list[str]:
+    """What a compare would run, without building a side or starting a process: the stack, the device, the
+    placement and why, each side's start and the environment it gets beyond this shell's, the budget."""
+    backend = dev.backend
+    lines = [
+        f"plan: b70bench compare --suite {args.suite} {args.a} {args.b}",
+        f"  {stack.describe()} (hash {stack.hash()})",
+        f"  device: {backend}, {dev.count} visible ({dev.name})",
+        f"  placement: {where} ({why})",
+    ]
+    if args.suite == "moe-down":
+        lines.append(f"  each side: python -m b70bench.moe.live (kernel, tp {args.tp}, {args.tokens} tokens)")
+    else:
+        module = "vllm.entrypoints.openai.api_server" if args.suite == "serve" else "b70bench.decode.live"
+        spec = stack.engine_spec(args.shape)
+        lines.append(
+            f"  each side: python -m {module}: model {spec['model']}, tp {spec['tp']}, "
+            f"dtype {spec['dtype'] or 'auto'}, max_model_len {spec['max_model_len']}, "
+            f"memory share {spec['memory_fraction'] or 'default'}, "
+            f"engine args {spec['engine_args'] or '-'}; start timeout {stack.start_timeout_s:g} s"
+        )
+        base = pair.engine_env(stack, backend, {})
+        for s in SIDES:
+            side = Side(s, Path(f"<out>/overlay-{s}"), sides.paired_cache_dir() / f"vllm-cache-{s}")
+            env = sides.side_env(environment.child_env(base, side.cache_root, stack.embedded, None), side, backend)
+            shown = {k: v for k, v in sorted(env.items()) if k != "PYTHONPATH"}
+            lines.append(
+                f"  side {s} environment (set by b70bench and the stack): "
+                + " ".join(f"{k}={v}" for k, v in shown.items())
+            )
+        if stack.env_unset:
+            lines.append(f"  unset for every start: {' '.join(stack.env_unset)}")
+    rounds = f"{args.rounds} timed {'levels' if args.suite == 'serve' else 'calls'}"
+    warm = (
+        "before the first block one uncounted start per side fills its compile cache; "
+        if where == placements.ALTERNATE
+        else ""
+    )
+    first = stopping.DEFAULT_FIRST_BLOCKS
+    lines.append(
+        f"  budget: {budget_text(args)}; a block is one counted start per side ({rounds} each); {warm}first look "
+        f"after {first} blocks (fewer where the first block's measured cost says they do not fit), then blocks double "
+        f"while undecided, at most {stopping.MAX_LOOKS} looks"
+    )
     return lines
 
 
@@ -97,8 +161,18 @@ def run(args) -> int:
     if not 0 < args.min_effect < 1:
         raise UsageError(f"--min-effect {args.min_effect} is outside (0, 1): pass e.g. 0.05 for 5%")
     shapes.parse_shape(args.shape)
-    backend = device.select(args.backend, None).backend
-    where, why = placements.choose(args.placement, backend)
+    if args.max_starts is not None and args.max_starts < 4:
+        raise UsageError(
+            f"--max-starts {args.max_starts}: a verdict needs two blocks of two counted starts: pass 4 or more"
+        )
+    stack = description.load(args.stack) if args.stack else description.from_env()
+    dev = device.select(args.backend or stack.backend, None)
+    backend = dev.backend
+    stack.check_devices(backend, dev.count)
+    where, why = placements.choose(args.placement, backend, None if args.suite == "moe-down" else stack)
+    if args.plan:
+        print("\n".join(plan_lines(args, stack, dev, where, why)))
+        return 0
     out_dir = (
         Path(args.out_dir) if args.out_dir else decode_model.cache_root() / "compare" / time.strftime("%Y%m%dT%H%M%S")
     )
@@ -125,6 +199,7 @@ def run(args) -> int:
             placement=args.placement,
             python=python,
             out=lambda line: print(line, flush=True),
+            max_blocks=None if args.max_starts is None else args.max_starts // 2,
         )
         return _report(res, labels, args)
     with tempfile.TemporaryDirectory(prefix="b70bench-compare-") as tmp:
@@ -133,8 +208,8 @@ def run(args) -> int:
             dirs[side], labels[side] = sides.resolve_side(Path(args.repo).resolve(), spec, Path(tmp) / side / "patches")
         print(
             f"b70bench compare: A = {labels['A']} (patch set {patches.load(dirs['A']).hash}), "
-            f"B = {labels['B']} (patch set {patches.load(dirs['B']).hash}); on {backend}, placement {where} "
-            f"({why}), budget {args.budget:g} min; logs in {out_dir}",
+            f"B = {labels['B']} (patch set {patches.load(dirs['B']).hash}); {stack.describe()}; on {backend}, "
+            f"placement {where} ({why}), budget {budget_text(args)}; logs in {out_dir}",
             flush=True,
         )
         common = dict(
@@ -148,6 +223,8 @@ def run(args) -> int:
             cache_dir=sides.paired_cache_dir(),
             backend=backend,
             placement=args.placement,
+            stack=stack,
+            max_blocks=None if args.max_starts is None else args.max_starts // 2,
             out=lambda line: print(line, flush=True),
         )
         with patches.env_lock(env, "b70bench compare (overlays read the installed vLLM)"):
@@ -177,7 +254,7 @@ def serve_rounds() -> int:
 
 
 def register(sub) -> None:
-    from b70bench.cli import add_json_arg
+    from b70bench.cli import add_json_arg, add_stack_arg
 
     p = sub.add_parser(
         "compare",
@@ -200,6 +277,20 @@ def register(sub) -> None:
         metavar="MIN",
         help=f"machine minutes at most; blocks double while undecided (default {stopping.DEFAULT_BUDGET_MIN:g})",
     )
+    p.add_argument(
+        "--max-starts",
+        type=int,
+        default=None,
+        metavar="N",
+        help="counted starts at most (two a block; alternate adds one uncounted start a side first); with --budget, "
+        "whichever comes first",
+    )
+    p.add_argument(
+        "--plan",
+        action="store_true",
+        help="print the stack, device, placement and why, each side's start and environment, the budget; run nothing",
+    )
+    add_stack_arg(p)
     p.add_argument(
         "--suite",
         choices=("decode", "serve", "moe-down"),

@@ -15,8 +15,10 @@ b70bench's verdicts (b70bench.asv_plugin, at `asv publish`) see the spread betwe
 on a shared host is several times the spread inside one. B70BENCH_DECODE_STARTS sets the number
 of starts (default decode.DEFAULT_STARTS). Output tok/s is tracked for people to read. On the CPU
 only p128n128 runs by default (a CI-sized start of the embedded tiny MiniMax-M2); GPUs get the
-seeds' shapes. B70BENCH_DECODE_SHAPES
-(space-separated, e.g. "p512n512 p512n1536") overrides; B70BENCH_DECODE_MODEL picks a model.
+seeds' shapes; a stack's `shapes` win over both. B70BENCH_DECODE_SHAPES
+(space-separated, e.g. "p512n512 p512n1536") overrides all. B70BENCH_STACK names the stack file (docs/stacks.md):
+its model, TP, numerics, memory, environment and engine arguments reach every start, paired or not; a stack that
+names a backend this environment lacks is skipped with that reason.
 """
 
 import os
@@ -24,10 +26,12 @@ from pathlib import Path
 
 from b70bench import cachekey, decode, patches
 from b70bench.decode import pair
+from b70bench.decode import suite as decode_suite
+from b70bench.errors import UsageError
 from b70bench.fingerprint import fingerprint
 from b70bench.paired import sides, stopping
+from b70bench.stack import description, shapes
 from b70bench.stack import model as decode_model
-from b70bench.stack import shapes
 
 from .common import budget_s_from_env, paired_walk, samples, select_device, skip_if, value, whole_from_env
 
@@ -35,9 +39,32 @@ CPU_SHAPES = ["p128n128b1"]
 GPU_SHAPES = ["p512n512b1", "p512n1536b1", "p512n2048b1"]
 
 
+def _stack():
+    """The stack under test (B70BENCH_STACK); a bad file skips with its one-line fix."""
+    try:
+        return description.from_env()
+    except UsageError as err:
+        raise NotImplementedError(str(err)) from None
+
+
+def _device(stack):
+    """The stack's device in this environment; a backend it lacks, or too few devices for its TP, skips."""
+    dev = select_device(stack.backend)
+    try:
+        stack.check_devices(dev.backend, dev.count)
+    except UsageError as err:
+        raise NotImplementedError(str(err)) from None
+    return dev
+
+
 def _shapes():
     if os.environ.get("B70BENCH_DECODE_SHAPES"):
         return os.environ["B70BENCH_DECODE_SHAPES"].split()
+    try:
+        if _stack().shapes:
+            return list(_stack().shapes)
+    except NotImplementedError:
+        return CPU_SHAPES
     try:
         return CPU_SHAPES if select_device().backend == "cpu" else GPU_SHAPES
     except NotImplementedError:
@@ -60,7 +87,7 @@ def _rounds() -> int:
     return whole_from_env("B70BENCH_DECODE_ROUNDS", pair.DEFAULT_ROUNDS, 4, "paired rounds")
 
 
-def _paired_summary(shape: str, dev) -> dict:
+def _paired_summary(shape: str, dev, stack) -> dict:
     """One shape of this commit against its parent (paired.sides.against_parent) as the figures asv tracks."""
     commit = os.environ["ASV_COMMIT"]
     repo = Path(os.environ.get("ASV_CONF_DIR") or ".")
@@ -78,6 +105,7 @@ def _paired_summary(shape: str, dev) -> dict:
         level=stopping.WALK_LEVEL,
         first_blocks=stopping.WALK_FIRST_BLOCKS,
         cache_dir=sides.paired_cache_dir(),
+        stack=stack,
     )
     b = res["sides"]["B"]
     per_block = res["block_s_per_output_token"]["B"]
@@ -85,10 +113,10 @@ def _paired_summary(shape: str, dev) -> dict:
     prompt_len, output_len, _batch = shapes.parse_shape(shape)
     run = {
         "shape": shape,
-        "model": decode_model.model_id(),
-        "dtype": "bfloat16",
-        "tp": 1,
-        "max_model_len": pair.engine_spec(shape)[0]["max_model_len"],
+        "model": stack.model_label(),
+        "dtype": stack.vllm_dtype(),
+        "tp": stack.tp,
+        "max_model_len": stack.engine_spec(shape)["max_model_len"],
         "fingerprint": fingerprint(dev),
         "cache_dir": b["cache_dir"],
         "cache_keys": b["cache_keys_full"],
@@ -130,13 +158,14 @@ class Decode:
     version = 5
 
     def setup_cache(self):
-        dev = select_device()
+        stack = _stack()
+        dev = _device(stack)
         skip_if(decode.unavailable_reason(dev))
         if _paired(dev):
-            return {shape: _paired_summary(shape, dev) for shape in self.params[0]}
+            return {shape: _paired_summary(shape, dev, stack) for shape in self.params[0]}
         recs = decode.measure(
             self.params[0],
-            model=os.environ.get("B70BENCH_DECODE_MODEL") or None,
+            **decode_suite.stack_kwargs(stack),
             runs=_starts(),
             cold=False,
             iterations=decode.DEFAULT_ITERATIONS,

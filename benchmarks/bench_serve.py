@@ -15,17 +15,19 @@ alternating; one at a time on a GPU or XPU), in blocks of fresh servers until de
 spent, B70BENCH_SERVE_ROUNDS rounds a block (default serve.pair.DEFAULT_ROUNDS). Each block is one sample: this
 commit's median E2E (the plotted figure) and its B/A to the parent (track_ratio_to_parent, what the website's
 verdict on E2E is read from), with the minutes and levels it took. B70BENCH_SERVE_PAIRED=0 (`make bench`)
-measures separate starts instead, as above.
+measures separate starts instead, as above. B70BENCH_STACK names the stack file (docs/stacks.md), as for decode.
 """
 
 import os
 from pathlib import Path
 
 from b70bench import patches, serve, stats
+from b70bench.errors import UsageError
 from b70bench.paired import sides, stopping
 from b70bench.serve import cli as serve_cli
 from b70bench.serve import pair as serve_pair
 from b70bench.serve import suite as serve_suite
+from b70bench.stack import description
 from b70bench.stack import model as decode_model
 
 from .common import budget_s_from_env, paired_walk, samples, select_device, skip_if, value, whole_from_env
@@ -53,7 +55,19 @@ def _starts() -> int:
     return int(text)
 
 
-def _paired_level(concurrency: int, backend: str) -> dict:
+def _stack_and_device():
+    """The stack under test (B70BENCH_STACK) and its device here; a bad file, a backend this environment lacks or
+    too few devices for its TP skip with the one-line fix."""
+    try:
+        stack = description.from_env()
+        dev = select_device(stack.backend)
+        stack.check_devices(dev.backend, dev.count)
+    except UsageError as err:
+        raise NotImplementedError(str(err)) from None
+    return stack, dev
+
+
+def _paired_level(concurrency: int, backend: str, stack) -> dict:
     """One level of this commit against its parent (paired.sides.against_parent with serve's pairing), as the
     figures asv tracks: per block, this commit's median E2E and its B/A to the parent."""
     commit = os.environ["ASV_COMMIT"]
@@ -72,6 +86,7 @@ def _paired_level(concurrency: int, backend: str) -> dict:
         first_blocks=stopping.WALK_FIRST_BLOCKS,
         cache_dir=sides.paired_cache_dir(),
         backend=backend,
+        stack=stack,
     )
     withheld = res["sides"]["B"]["gate"] == 1
     return {
@@ -91,19 +106,20 @@ class Serve:
     version = 2
 
     def setup_cache(self):
-        dev = select_device()
+        stack, dev = _stack_and_device()
         skip_if(serve.unavailable_reason(dev))
         levels = self.params[0]
         if not all(isinstance(c, int) for c in levels):
             raise NotImplementedError(str(levels[0]))
         if paired_walk(dev, "B70BENCH_SERVE_PAIRED"):
-            return {c: _paired_level(c, dev.backend) for c in levels}
+            return {c: _paired_level(c, dev.backend, stack) for c in levels}
         load = serve_suite.Load.from_shape(
             serve_suite.DEFAULT_SHAPE,
             concurrency=tuple(levels),
             slo=serve_cli.parse_slo(os.environ.get("B70BENCH_SERVE_SLO", DEFAULT_SLO)),
+            startup_timeout_s=stack.start_timeout_s,
         )
-        starts = serve_cli.measure(load, starts=_starts(), device=dev)
+        starts = serve_cli.measure(load, starts=_starts(), stack=stack, device=dev)
         kept = [s for s in starts if s.get("gate") != 1]
         out = {}
         for c in levels:

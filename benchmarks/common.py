@@ -6,12 +6,12 @@ import os
 from b70bench.errors import UsageError
 
 
-def select_device():
-    """The device for this asv run (B70BENCH_BACKEND / B70BENCH_DEVICE_INDEX pick it)."""
+def select_device(backend: str | None = None):
+    """The device for this asv run (backend, else B70BENCH_BACKEND; B70BENCH_DEVICE_INDEX picks the index)."""
     from b70bench import device  # imports torch: left to the processes that measure (see bench_allreduce)
 
     try:
-        return device.select()
+        return device.select(backend)
     except UsageError as err:
         raise NotImplementedError(str(err)) from None
 

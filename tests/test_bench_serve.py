@@ -29,9 +29,11 @@ def test_serve_adapter_samples_per_start_and_level(monkeypatch):
         {"gate": 1, "startup_s": [54.0], "levels": [level(1, 9.0, 9.0), level(16, 9.0, 9.0)]},  # tokens differ
         {"gate": 0, "startup_s": [52.0], "levels": [level(1, 0.27, 1e-3), level(16, 0.9, 5e-3, completed=False)]},
     ]
-    monkeypatch.setattr(serve_cli, "measure", lambda load, starts, device: records)
+    monkeypatch.setattr(serve_cli, "measure", lambda load, starts, stack, device: records)
     monkeypatch.setattr(bench_serve.Serve, "params", [[1, 16]])
-    monkeypatch.setattr(bench_serve, "select_device", lambda: type("D", (), {"backend": "cpu"})())
+    monkeypatch.setattr(
+        bench_serve, "select_device", lambda backend=None: type("D", (), {"backend": "cpu", "count": 1})()
+    )
     monkeypatch.setattr(bench_serve.serve, "unavailable_reason", lambda dev: None)
     b = bench_serve.Serve()
     cache = b.setup_cache()
@@ -54,7 +56,7 @@ def test_walking_commits_pairs_each_level_with_the_parent(monkeypatch, tmp_path)
     from b70bench.serve import pair as serve_pair
     from benchmarks import bench_serve, common
 
-    cpu = SimpleNamespace(backend="cpu")
+    cpu = SimpleNamespace(backend="cpu", count=1)
     monkeypatch.delenv("B70BENCH_SERVE_PAIRED", raising=False)
     monkeypatch.delenv("ASV_COMMIT", raising=False)
     assert not common.paired_walk(cpu, "B70BENCH_SERVE_PAIRED")  # `make bench`-like: no commit walked
@@ -79,7 +81,7 @@ def test_walking_commits_pairs_each_level_with_the_parent(monkeypatch, tmp_path)
 
     monkeypatch.setattr(sides, "against_parent", fake_against_parent)
     monkeypatch.setattr(bench_serve.Serve, "params", [[1, 4, 16]])
-    monkeypatch.setattr(bench_serve, "select_device", lambda: cpu)
+    monkeypatch.setattr(bench_serve, "select_device", lambda backend=None: cpu)
     monkeypatch.setattr(bench_serve.serve, "unavailable_reason", lambda dev: None)
     monkeypatch.setenv("B70BENCH_CACHE", str(tmp_path))
     monkeypatch.setenv("B70BENCH_SERVE_BUDGET_MIN", "12")

@@ -153,7 +153,7 @@ def test_alternate_placement_names_the_slower_series_one_engine_at_a_time(env, t
     assert [c["side"] for c in recs[1]["calls"]][:1] == ["B"] and set(recs[0]["warm_starts"]) == {"A", "B"}
     pids = [x["pid"] for b in recs for x in (*b["starts"].values(), *b["warm_starts"].values())]
     assert not any(process.group_members(p) for p in pids)
-    assert "blocks (alternate)" in "\n".join(compare.format_result(res, {"A": "a", "B": "b"}))
+    assert "blocks (alternate: --placement alternate)" in "\n".join(compare.format_result(res, {"A": "a", "B": "b"}))
     assert fakedist.model_path(site).read_text() == fakedist.MODEL
 
 

@@ -178,7 +178,7 @@ def sim_engine(host: Host, effect: float):
             self.side, self.log_path = side, log_path
             self.offset = host.rng.lognormvariate(0.0, 0.015)  # this process's own speed, for its life
 
-        def ready(self):
+        def ready(self, timeout_s=None):
             return {"ready": True, "token_sha256": "ab" * 32, "pid": 0}
 
         def call(self):

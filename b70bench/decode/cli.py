@@ -10,7 +10,7 @@ from b70bench import device as devmod
 from b70bench.decode import canary, suite
 from b70bench.decode import hooks as hooksmod
 from b70bench.fingerprint import fingerprint
-from b70bench.stack import gate, shapes
+from b70bench.stack import description, gate
 
 COLUMNS = [
     "shape",
@@ -96,35 +96,36 @@ def accept(recs: list[dict], gate_file: Path | None) -> int:
 
 
 def run(args) -> int:
-    dev = devmod.select(args.backend, args.device_index)
     env = dict(kv.split("=", 1) for kv in args.env or [] if "=" in kv)
     canaries = (canary.load(args.canaries) if args.canaries else []) + [canary.parse(c) for c in args.canary or []]
     out_dir = args.out_dir
     if out_dir is None and args.json and args.json != "-":
         out_dir = str(Path(args.json).with_suffix("")) + "-logs"  # the logs stay next to the results
+    stack = description.load(args.stack) if args.stack else description.from_env()
+    dev = devmod.select(args.backend or stack.backend, args.device_index)
+    stack.check_devices(dev.backend, dev.count)
+    kw = suite.stack_kwargs(stack)
+    # A flag given on the command line wins over the stack's value.
+    for key in ("model", "tp", "dtype", "max_model_len", "memory_fraction", "tokenizer", "timeout"):
+        if getattr(args, key) is not None:
+            kw["timeout_s" if key == "timeout" else key] = getattr(args, key)
+    kw["engine_args"] = {**kw["engine_args"], **suite.parse_engine_args(args.engine_arg)}
     recs = suite.measure(
-        args.shapes or None,
-        model=args.model,
+        args.shapes or list(stack.shapes or ()) or None,
         batch=args.batch,
-        tp=args.tp,
-        dtype=args.dtype,
-        max_model_len=args.max_model_len,
-        memory_fraction=args.memory_fraction,
         env=env,
         env_file=args.env_file,
-        engine_args=shapes.parse_engine_args(args.engine_arg),
         runs=args.runs,
         cold=not args.no_cold,
         iterations=args.iterations,
         canaries=canaries,
-        tokenizer=args.tokenizer,
         hooks=[hooksmod.resolve(h) for h in args.hook or []],
         out_dir=out_dir,
-        timeout_s=args.timeout,
         gate_file=args.gate_file,
         device=dev,
         fixed_layout=args.fixed_layout,
         on_record=_progress,
+        **kw,
     )
     print(records.format_table(recs, COLUMNS))
     summary = warm_summary(recs)
@@ -156,11 +157,14 @@ def register(sub) -> None:
         metavar="pPnN[bB]",
         help=f"prompt/output lengths (default {' '.join(suite.DEFAULT_SHAPES)})",
     )
-    p.add_argument("--model", default=None, help="model path or name (default: the embedded tiny MiniMax-M2)")
+    cli.add_stack_arg(p)
+    p.add_argument("--model", default=None, help="model path or name in place of the stack's")
     p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--tp", type=int, default=1, help="tensor parallel size")
-    p.add_argument("--dtype", default=None, help="vLLM dtype (default: bfloat16 for the embedded model, else auto)")
-    p.add_argument("--max-model-len", type=int, default=shapes.DEFAULT_MAX_MODEL_LEN)
+    p.add_argument("--tp", type=int, default=None, help="tensor parallel size (default: the stack's)")
+    p.add_argument(
+        "--dtype", default=None, help="vLLM dtype (default: the stack's; bfloat16 for the embedded model, else auto)"
+    )
+    p.add_argument("--max-model-len", type=int, default=None, help="default: the stack's, else 2048")
     p.add_argument(
         "--memory-fraction",
         type=float,
@@ -198,7 +202,12 @@ def register(sub) -> None:
         action="store_true",
         help="start vLLM with ASLR off and PYTHONHASHSEED=0 (same memory layout every start)",
     )
-    p.add_argument("--timeout", type=float, default=suite.DEFAULT_TIMEOUT_S, help="seconds per run before it is killed")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        help="seconds per run before it is killed (default: 1200, or the stack's start timeout if longer)",
+    )
     p.add_argument("--out-dir", default=None, help="where vLLM logs go (default: next to --json, else ~/.cache)")
     p.add_argument("--gate-file", default=None, help=f"pinned hashes (default {gate.GATES_FILE})")
     p.add_argument(

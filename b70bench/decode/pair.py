@@ -18,8 +18,8 @@ from b70bench.errors import UsageError
 from b70bench.paired import placement as placements
 from b70bench.paired import report, sides, stopping
 from b70bench.paired.blocks import SIDES, Block, Side
-from b70bench.stack import environment, logs, shapes
-from b70bench.stack import model as decode_model
+from b70bench.stack import description, environment, logs
+from b70bench.stack.description import Stack
 from b70bench.stack.live import EngineError, EngineHandle, LiveProcess
 
 # Rounds per block. A round's log B/A spreads ~20% (the host moves within a second) and the rounds, not the
@@ -61,13 +61,6 @@ def engine_cpus(env: dict) -> str | None:
     return ",".join(map(str, cores))
 
 
-def side_env(base_env: dict, side: Side, embedded: bool) -> dict:
-    env = environment.child_env(base_env, side.cache_root, embedded, None)
-    if side.overlay is not None:
-        env["PYTHONPATH"] = os.pathsep.join([str(side.overlay), env["PYTHONPATH"]])
-    return env
-
-
 class Engine(LiveProcess):
     """One side's decode engine (decode/live.py)."""
 
@@ -86,20 +79,24 @@ class Target:
         base_env: dict,
         out_dir: Path,
         *,
-        embedded: bool = True,
+        stack: Stack | None = None,
+        backend: str = "cpu",
         gap_s: float = DEFAULT_GAP_S,
         python: str | None = None,
         engine_cls=None,
     ):
         self.sides, self.spec, self.base_env, self.out_dir = sides_, spec, base_env, out_dir
-        self.embedded, self.gap_s, self.python = embedded, gap_s, python
+        self.stack, self.backend = stack or description.default(), backend
+        self.gap_s, self.python = gap_s, python
         self.engine_cls = engine_cls or Engine
 
     def start(self, side: str, label: str) -> EngineHandle:
-        env = side_env(self.base_env, self.sides[side], self.embedded)
-        return EngineHandle(
-            self.engine_cls(side, self.spec, env, self.out_dir / f"{label}.log", self.python), self.gap_s
+        s = self.sides[side]
+        env = sides.side_env(
+            environment.child_env(self.base_env, s.cache_root, self.stack.embedded, None), s, self.backend
         )
+        engine = self.engine_cls(side, self.spec, env, self.out_dir / f"{label}.log", self.python)
+        return EngineHandle(engine, self.gap_s, self.stack.start_timeout_s)
 
 
 def run_block(
@@ -110,7 +107,6 @@ def run_block(
     out_dir: Path,
     *,
     placement: str = placements.TOGETHER,
-    embedded: bool = True,
     rounds: int = DEFAULT_ROUNDS,
     warmup_calls: int = DEFAULT_WARMUP_CALLS,
     gap_s: float = DEFAULT_GAP_S,
@@ -119,9 +115,7 @@ def run_block(
     warm_first: bool = False,
 ) -> Block:
     """One block of decode calls (paired.placement.run_block over this module's Target)."""
-    target = Target(
-        sides_, spec, base_env, out_dir, embedded=embedded, gap_s=gap_s, python=python, engine_cls=engine_cls
-    )
+    target = Target(sides_, spec, base_env, out_dir, gap_s=gap_s, python=python, engine_cls=engine_cls)
     return placements.run_block(
         index, target, placement, rounds=rounds, warmup_calls=warmup_calls, warm_first=warm_first
     )
@@ -130,29 +124,9 @@ def run_block(
 DEFAULT_SHAPE = "p128n128"
 
 
-def engine_spec(shape: str, model: str | None = None) -> tuple[dict, bool]:
-    """The live engines' spec for one decode shape (the embedded tiny MiniMax-M2 unless model is given)."""
-    prompt_len, output_len, batch = shapes.parse_shape(shape)
-    embedded = model is None
-    spec = {
-        "model": str(decode_model.ensure_embedded()) if embedded else model,
-        "dtype": "bfloat16" if embedded else None,
-        "max_model_len": max(shapes.DEFAULT_MAX_MODEL_LEN, prompt_len + output_len),
-        "tp": 1,
-        "memory_fraction": None,
-        "engine_args": {},
-        "prompt_len": prompt_len,
-        "output_len": output_len,
-        "batch": batch,
-        "warmup": 1,
-        "gate": True,
-    }
-    return spec, embedded
-
-
-def base_env(backend: str, environ: dict | None = None) -> dict:
-    """The engines' environment: the CPU's paired settings, pinning and OpenMP threads only on the CPU."""
-    base = dict(os.environ if environ is None else environ)
+def engine_env(stack: Stack, backend: str, environ: dict | None = None) -> dict:
+    """The engines' environment: the stack's, then on the CPU the paired settings, pinning and OpenMP threads."""
+    base = stack.process_env(dict(os.environ if environ is None else environ), backend)
     if backend == "cpu":
         for k, v in environment.PAIRED_CPU_ENGINE_ENV.items():
             base.setdefault(k, v)
@@ -182,6 +156,8 @@ def compare_series(
     placement: str = placements.AUTO,
     out=print,
     engine_cls=Engine,
+    stack: Stack | None = None,
+    max_blocks: int | None = None,
     spec: dict | None = None,
     cache_dir: Path | None = None,
 ) -> dict:
@@ -190,11 +166,21 @@ def compare_series(
     cache_dir: where each side's vLLM compile cache lives (default: out_dir). A persistent one makes every start
     after the first of a graph warm: vLLM on the CPU recompiles at each start, but inductor's generated C++ is
     cached under the compile-cache key, and most commits leave the graph unchanged."""
-    where, why = placements.choose(placement, backend)
+    stack = stack or description.default()
+    where, why = placements.choose(placement, backend, stack)
     out(f"placement: {where} ({why})")
     sides_ = sides.build_sides(dirs, env, out_dir, cache_dir)
-    spec, embedded = (dict(spec), False) if spec is not None else engine_spec(shape)
-    target = Target(sides_, spec, base_env(backend), out_dir, embedded=embedded, python=python, engine_cls=engine_cls)
+    spec = dict(spec) if spec is not None else stack.engine_spec(shape)
+    target = Target(
+        sides_,
+        spec,
+        engine_env(stack, backend),
+        out_dir,
+        stack=stack,
+        backend=backend,
+        python=python,
+        engine_cls=engine_cls,
+    )
     tokens = spec.get("batch", 1) * spec.get("output_len", 1)
 
     result = stopping.measure_target(
@@ -208,9 +194,10 @@ def compare_series(
         min_effect=min_effect,
         floor=floor,
         first_blocks=first_blocks,
+        max_blocks=max_blocks,
         out=out,
     )
-    return to_result(result, dirs, shape, tokens, min_effect, where, why, backend)
+    return to_result(result, dirs, shape, tokens, min_effect, where, why, backend, stack)
 
 
 def _side_facts(blocks: list[Block], side: str, key: dict) -> dict:
@@ -243,16 +230,18 @@ def to_result(
     where: str,
     why: str,
     backend: str,
+    stack: Stack | None = None,
 ) -> dict:
     """A decode compare's JSON-able result: the verdict and what it took, per-block figures, each side's gate."""
     good = result.good
-    key = report.gate_key(backend)
+    stack = stack or description.default()
+    key = report.gate_key(stack, backend)
     per_token = {s: [b.figure(s) / tokens for b in good if b.figure(s) is not None] for s in SIDES}
     return {
         "shape": shape,
         "figure": "s_per_output_token",
         "backend": backend,
-        **report.verdict_fields(result, min_effect, where, why),
+        **report.verdict_fields(result, min_effect, where, why, stack, backend),
         "block_ratios_normalised": [b.ratio(True) for b in good],
         "median_a": statistics.median(per_token["A"]) if per_token["A"] else None,
         "median_b": statistics.median(per_token["B"]) if per_token["B"] else None,

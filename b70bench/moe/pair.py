@@ -60,6 +60,7 @@ def compare_kernels(
     python: str | None = None,
     out=print,
     engine_cls=KernelEngine,
+    max_blocks: int | None = None,
 ) -> dict:
     """B's kernel against A's, in blocks until decided; one JSON-able dict like decode's and serve's."""
     where, why = placements.choose(placement, backend)
@@ -83,6 +84,7 @@ def compare_kernels(
         min_effect=min_effect,
         floor=floor,
         first_blocks=first_blocks,
+        max_blocks=max_blocks,
         out=out,
     )
     good = result.good
@@ -94,7 +96,7 @@ def compare_kernels(
         "figure": "s_per_launch",
         "figure_label": "s/launch A",
         "backend": backend,
-        **report.verdict_fields(result, min_effect, where, why),
+        **report.verdict_fields(result, min_effect, where, why, None, backend),
         "median_a": statistics.median(per_launch["A"]) if per_launch["A"] else None,
         "median_b": statistics.median(per_launch["B"]) if per_launch["B"] else None,
         "block_s_per_launch": per_launch,

@@ -41,6 +41,7 @@ class Block:
     error: str | None = None
     placement: str = "together"
     warm_starts: dict = field(default_factory=dict)  # alternate: side -> the uncounted start that filled its cache
+    warm_s: float = 0.0  # of wall_s, the seconds the uncounted starts took
 
     def ratios(self, normalise: bool = False) -> list[float]:
         """B/A of each complete round; normalise: each call over its probe. Together, a round's two calls are
@@ -77,6 +78,7 @@ class Block:
             "index": self.index,
             "placement": self.placement,
             "wall_s": self.wall_s,
+            "warm_s": self.warm_s,
             "error": self.error,
             "ratio": self.ratio(),
             "ratio_normalised": self.ratio(True),

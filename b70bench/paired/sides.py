@@ -6,6 +6,7 @@ both sides can run at once, and a compile cache of its own.
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -22,6 +23,17 @@ MAX_SKIPPED_PARENTS = 10
 def paired_cache_dir() -> Path:
     """Where the paired sides' compile caches persist across compares and walked commits, per side."""
     return decode_model.cache_root() / "paired-vllm-cache"
+
+
+def side_env(env: dict, side: Side, backend: str) -> dict:
+    """A start's environment as one side's: its patched copy of vLLM first on PYTHONPATH and, on a GPU or XPU, a
+    Triton cache of its own beside its vLLM cache (two revisions of a kernel must not share compiled binaries)."""
+    env = dict(env)
+    if side.overlay is not None:
+        env["PYTHONPATH"] = os.pathsep.join([str(side.overlay), *filter(None, [env.get("PYTHONPATH")])])
+    if backend != "cpu" and side.cache_root is not None:
+        env["TRITON_CACHE_DIR"] = str(Path(side.cache_root) / "triton")
+    return env
 
 
 def resolve_side(repo: Path, spec: str, dest: Path) -> tuple[Path, str]:

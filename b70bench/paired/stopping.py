@@ -9,6 +9,7 @@ at most `max_looks` looks, each at a level that keeps the whole measurement at t
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -89,10 +90,13 @@ def measure(
     floor: float,
     first_blocks: int = DEFAULT_FIRST_BLOCKS,
     max_looks: int = MAX_LOOKS,
+    max_blocks: int | None = None,
     out=print,
     clock=time.monotonic,
 ) -> Paired:
-    """Blocks until decided: `first_blocks`, then double while undecided and the budget allows.
+    """Blocks until decided: `first_blocks` (fewer where the first block's measured cost says they do not fit the
+    budget, two at least), then double while undecided and the budget allows; never more than max_blocks (the
+    counted-start budget: two starts a block).
 
     run_one(index) -> Block runs one block. `level` is each look's; at most max_looks looks are taken,
     so an A/A pair is called different with at most max_looks * (1 - level) (per_look_level()).
@@ -101,7 +105,8 @@ def measure(
     per_look = level
     t0 = clock()
     blocks: list[Block] = []
-    target, looks, reason = first_blocks, 0, None
+    cap = max_blocks if max_blocks is not None else 10**9
+    target, looks, reason = min(first_blocks, cap), 0, None
     ratio = decision = None
     while True:
         while len(blocks) < target:
@@ -117,6 +122,15 @@ def measure(
                 reason = f"every block failed; the last: {b.error}"
                 return Paired(blocks, None, None, per_look, looks, clock() - t0, reason)
             spent = clock() - t0
+            if len(blocks) == 1 and b.error is None:
+                # Size the first look from what a block costs here (the uncounted starts before it excluded): on a
+                # rig whose starts take minutes, four blocks may not fit, and a look that never comes decides nothing.
+                cost = b.wall_s - b.warm_s
+                # Blocks that would still start before the budget is spent (each may end past it, as below).
+                fit = 1 + math.ceil(max(0.0, budget_s - spent) / cost) if cost > 0 else target
+                if max(2, fit) < target:
+                    target = max(2, fit)
+                    out(f"a block costs {cost / 60:.1f} min here: the first look comes after {target} blocks")
             # The blocks of the first look are the fewest a verdict is read from, so each starts whenever the budget
             # is not yet spent (the budget then runs over by one block at most): predicting from the cold first
             # block's cost had stopped a slow host at one block, and two blocks whose process pairs disagree by a
@@ -136,6 +150,8 @@ def measure(
         spent = clock() - t0
         per_block = blocks[-1].wall_s if blocks else 0.0
         room = int((budget_s - spent) // per_block) if per_block > 0 else 0
+        if len(blocks) >= cap:
+            reason = reason or f"the start budget ({2 * cap} counted starts) is spent"
         if reason or looks >= max_looks or room < 1:
             reason = reason or (
                 f"the budget ({budget_s / 60:.1f} min) allows no further block"
@@ -143,7 +159,7 @@ def measure(
                 else f"{looks} looks taken (the most the level allows)"
             )
             break
-        target = len(blocks) + min(len(blocks), room)
+        target = min(cap, len(blocks) + min(len(blocks), room))
     if ratio is None and reason is None:
         reason = "fewer than two blocks completed"
     return Paired(blocks, ratio, decision, per_look, looks, clock() - t0, reason)
@@ -161,6 +177,7 @@ def measure_target(
     min_effect: float,
     floor: float,
     first_blocks: int = DEFAULT_FIRST_BLOCKS,
+    max_blocks: int | None = None,
     out=print,
 ) -> Paired:
     """measure() over blocks of `target` placed as `placement` (the first alternate block warms each side first),
@@ -186,5 +203,6 @@ def measure_target(
         min_effect=min_effect,
         floor=floor,
         first_blocks=first_blocks,
+        max_blocks=max_blocks,
         out=out,
     )

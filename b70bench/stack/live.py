@@ -120,11 +120,11 @@ class EngineHandle:
     """One side's engine (decode.live's protocol: decode's engines, moe-down's kernels) as the placement drives it
     (paired.placement's handle); gap_s: the pause before each call."""
 
-    def __init__(self, engine: LiveProcess, gap_s: float):
-        self.engine, self.gap_s = engine, gap_s
+    def __init__(self, engine: LiveProcess, gap_s: float, start_timeout_s: float = START_TIMEOUT_S):
+        self.engine, self.gap_s, self.start_timeout_s = engine, gap_s, start_timeout_s
 
     def ready(self) -> dict:
-        msg = self.engine.ready()
+        msg = self.engine.ready(self.start_timeout_s)
         msg["log_path"] = str(self.engine.log_path)
         return msg
 
