@@ -10,7 +10,7 @@ from b70bench import device as devmod
 from b70bench.decode import canary, suite
 from b70bench.decode import hooks as hooksmod
 from b70bench.fingerprint import fingerprint
-from b70bench.stack import description, gate
+from b70bench.stack import description, gate, shapes
 
 COLUMNS = [
     "shape",
@@ -109,7 +109,7 @@ def run(args) -> int:
     for key in ("model", "tp", "dtype", "max_model_len", "memory_fraction", "tokenizer", "timeout"):
         if getattr(args, key) is not None:
             kw["timeout_s" if key == "timeout" else key] = getattr(args, key)
-    kw["engine_args"] = {**kw["engine_args"], **suite.parse_engine_args(args.engine_arg)}
+    kw["engine_args"] = {**kw["engine_args"], **shapes.parse_engine_args(args.engine_arg)}
     recs = suite.measure(
         args.shapes or list(stack.shapes or ()) or None,
         batch=args.batch,

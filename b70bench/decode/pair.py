@@ -130,7 +130,9 @@ def engine_env(stack: Stack, backend: str, environ: dict | None = None) -> dict:
     if backend == "cpu":
         for k, v in environment.PAIRED_CPU_ENGINE_ENV.items():
             base.setdefault(k, v)
-        cpus = engine_cpus(base)
+        # With TP on the CPU each rank is a process vLLM binds to cores of its own (VLLM_CPU_OMP_THREADS_BIND):
+        # pinning the engine to one core would put every rank there.
+        cpus = engine_cpus(base) if stack.tp == 1 else None
         if cpus is not None:
             base["B70BENCH_ENGINE_CPUS"] = cpus
             # One OpenMP thread per pinned core: a second thread would float onto whatever core is busy, and

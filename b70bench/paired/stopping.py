@@ -40,6 +40,11 @@ WALK_LEVEL = overall_level(verdicts.LEVEL)
 # do not fit a few minutes; three, each with its own standard error, name 9% at the first look (tests/test_pair.py).
 WALK_FIRST_BLOCKS = 3
 DEFAULT_FIRST_BLOCKS = 4
+# Alternate placement's first look: one of its blocks is one start a side, and only the blocks' spread tells how far
+# starts differ (a block's own rounds cannot see the offset of its process), so the interval is t over few degrees of
+# freedom at the per-look level: ~7.5 times the standard error with 4 blocks, ~4.3 with 6. On the 2-core VM four
+# alternate blocks of a 5% slowdown (block ratios 1.03-1.08) left [0.87, 1.34].
+ALTERNATE_FIRST_BLOCKS = 6
 DEFAULT_BUDGET_MIN = 10.0
 # One together block of the CPU default (two starts on a warm cache, 96 rounds) takes about a minute on the 2-core
 # VM; a verdict needs two blocks at least.
@@ -183,6 +188,9 @@ def measure_target(
     """measure() over blocks of `target` placed as `placement` (the first alternate block warms each side first),
     each block's calls written to out_dir/blockNN.json for a reader to check (scripts/pair_analysis.py reads them).
     `level` is the overall level; each look takes per_look_level(level)."""
+
+    if placement == placements.ALTERNATE:
+        first_blocks = max(first_blocks, ALTERNATE_FIRST_BLOCKS)
 
     def run_one(i: int) -> Block:
         b = placements.run_block(

