@@ -38,6 +38,7 @@ from asv.results import iter_results
 
 from b70bench import stats, verdicts
 from b70bench.figures import measured, measured_samples
+from b70bench.paired import placement
 
 # Per-start figures (lower is better) b70bench decides; asv's step fit still decides every other figure.
 DECIDED = (
@@ -56,7 +57,7 @@ PAIRED_BY = {
     "bench_decode.Decode.track_s_per_total_token": "bench_decode.Decode",
     "bench_serve.Serve.track_e2e_s": "bench_serve.Serve",
 }
-PAIRED_FIGURES = ("track_ratio_to_parent", "track_ratio_se_to_parent", "track_minutes")
+PAIRED_FIGURES = ("track_ratio_to_parent", "track_ratio_se_to_parent", "track_minutes", "track_placement")
 PAIRED_SUITES = tuple(dict.fromkeys(PAIRED_BY.values()))
 # What a paired block times on each side, by suite (decode: calls, serve: levels); <suite>.track_<word>s counts them.
 # Results written before serve's count was named track_levels carry it as track_calls, read as the same figure.
@@ -222,7 +223,7 @@ class Verdicts(OutputPublisher):
             graph_params = {k: v for k, v in graph.params.items() if len(all_params[k]) > 1}
             seconds = _figure(results, benchmarks, benchmark["name"], graph, revisions)
             suite = PAIRED_BY.get(benchmark["name"])
-            ratios, ses, minutes = (
+            ratios, ses, minutes, placed = (
                 _figure(results, benchmarks, f"{suite}.{figure}", graph, revisions) if suite else {}
                 for figure in PAIRED_FIGURES
             )
@@ -260,6 +261,7 @@ class Verdicts(OutputPublisher):
                             parent=git.info(c)[0],
                             ses=tuple(paired_ses.get(c, ((), None))[0] or ()),
                             gate_failed=c in failed,
+                            placement=PLACED.get(_single(placed, tuple(combo), c)),
                         )
                         for c, (s, _v) in paired.items()
                     ]
@@ -335,6 +337,7 @@ def _row_json(name: str, params: dict, v: verdicts.Verdict) -> dict:
         "n": v.n,
         "calls": v.calls,
         "minutes": v.minutes,
+        "placement": v.placement,
         "before": v.before,
         "after": v.after,
     }
@@ -351,6 +354,10 @@ def _against(v: verdicts.Verdict, hash_length: int) -> str:
     )
 
 
+# The walk's placement as stored (paired.placement.CODES), back to its word.
+PLACED = {code: word for word, code in placement.CODES.items()}
+
+
 def _timed_word(name: str) -> str:
     """What a paired block of this figure's suite timed on each side: call or level."""
     return TIMED.get(".".join(name.split("(", 1)[0].split(".")[:2]), "call")
@@ -358,7 +365,7 @@ def _timed_word(name: str) -> str:
 
 def _samples(v: verdicts.Verdict, name: str) -> str:
     if v.rule == verdicts.PAIRED:
-        text = f"{v.n} block{'s' if v.n != 1 else ''}"
+        text = f"{v.n} block{'s' if v.n != 1 else ''}" + (f" ({v.placement})" if v.placement else "")
     else:
         text = f"{v.n} start{'s' if v.n != 1 else ''}" + (f" (reference {v.ratio.n_a})" if v.ratio else "")
     return text + (f", {v.calls} {_timed_word(name)}s a side" if v.calls is not None else "")

@@ -53,6 +53,7 @@ class Point:
     parent: str | None = None
     ses: tuple[float, ...] = ()  # paired: each block's standard error of its log ratio, as samples are ordered
     gate_failed: bool = False  # the exact-token gate failed: the commit's speed was withheld, not measured
+    placement: str | None = None  # paired: together or alternate (paired.placement)
 
 
 @dataclass
@@ -71,6 +72,7 @@ class Verdict:
     subject: str | None = None  # the commit's subject line (filled by the asv plugin)
     rule: str = UNPAIRED
     notes: list[str] = field(default_factory=list)
+    placement: str | None = None
 
     @property
     def verdict(self) -> str:
@@ -97,6 +99,7 @@ def _too_few(p: Point, reference: list[str], n: int, rule: str, what: str) -> Ve
         else f"{stats.UNDECIDED}: {n} {what}, an interval needs two",
         n=n,
         minutes=p.minutes,
+        placement=p.placement,
         calls=p.calls,
         rule=rule,
     )
@@ -132,6 +135,7 @@ def paired(
                 r,
                 n=len(ratios),
                 minutes=p.minutes,
+                placement=p.placement,
                 calls=p.calls,
                 rule=PAIRED,
             )
@@ -167,6 +171,7 @@ def unpaired(
             stats.geomean(samples),
             n=len(samples),
             minutes=p.minutes,
+            placement=p.placement,
             calls=p.calls,
             rule=UNPAIRED,
         )

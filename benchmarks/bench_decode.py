@@ -33,38 +33,32 @@ from b70bench.paired import sides, stopping
 from b70bench.stack import description, shapes
 from b70bench.stack import model as decode_model
 
-from .common import budget_s_from_env, paired_walk, samples, select_device, skip_if, value, whole_from_env
+from .common import (
+    budget_s_from_env,
+    paired_walk,
+    placement_code,
+    samples,
+    select_device,
+    skip_if,
+    stack_and_device,
+    stack_param,
+    value,
+    whole_from_env,
+)
 
 CPU_SHAPES = ["p128n128b1"]
 GPU_SHAPES = ["p512n512b1", "p512n1536b1", "p512n2048b1"]
-
-
-def _stack():
-    """The stack under test (B70BENCH_STACK); a bad file skips with its one-line fix."""
-    try:
-        return description.from_env()
-    except UsageError as err:
-        raise NotImplementedError(str(err)) from None
-
-
-def _device(stack):
-    """The stack's device in this environment; a backend it lacks, or too few devices for its TP, skips."""
-    dev = select_device(stack.backend)
-    try:
-        stack.check_devices(dev.backend, dev.count)
-    except UsageError as err:
-        raise NotImplementedError(str(err)) from None
-    return dev
 
 
 def _shapes():
     if os.environ.get("B70BENCH_DECODE_SHAPES"):
         return os.environ["B70BENCH_DECODE_SHAPES"].split()
     try:
-        if _stack().shapes:
-            return list(_stack().shapes)
-    except NotImplementedError:
+        stack = description.from_env()
+    except UsageError:
         return CPU_SHAPES
+    if stack.shapes:
+        return list(stack.shapes)
     try:
         return CPU_SHAPES if select_device().backend == "cpu" else GPU_SHAPES
     except NotImplementedError:
@@ -125,6 +119,7 @@ def _paired_summary(shape: str, dev, stack) -> dict:
     withheld = b["gate"] == 1
     summary = {
         "shape": shape,
+        "placement": res["placement"],
         "blocks": res["blocks"],
         "blocks_s_per_output_token": [] if withheld else per_block,
         "blocks_s_per_total_token": [] if withheld else [x * output_len / (prompt_len + output_len) for x in per_block],
@@ -149,17 +144,16 @@ def _per_sample(summary: dict, figure: str) -> list:
 class Decode:
     """Warm run (persistent compile cache), iterations timed inside one vLLM start."""
 
-    param_names = ["shape"]
-    params = [_shapes()]
+    param_names = ["shape", "stack"]
+    params = [_shapes(), [stack_param()]]
     timeout = 3600
     # 2: CPU runs use the in-process engine (decode.environment.CPU_ENGINE_ENV); 3: and preload tcmalloc and Intel
     # OpenMP (decode.environment.cpu_preload); 4: one sample per start; 5: one sample per paired block.
-    # Older figures are not comparable.
-    version = 5
+    # 6: the stack (name@backend) a parameter. Older figures are not comparable.
+    version = 6
 
     def setup_cache(self):
-        stack = _stack()
-        dev = _device(stack)
+        stack, dev = stack_and_device()
         skip_if(decode.unavailable_reason(dev))
         if _paired(dev):
             return {shape: _paired_summary(shape, dev, stack) for shape in self.params[0]}
@@ -183,68 +177,74 @@ class Decode:
 
     setup_cache.timeout = 3600
 
-    def setup(self, cache, shape):
+    def setup(self, cache, shape, stack=None):
         if shape not in cache:
             raise NotImplementedError(f"{shape} was not measured")
 
-    def track_s_per_output_token(self, cache, shape):
+    def track_s_per_output_token(self, cache, shape, stack=None):
         return samples(_per_sample(cache[shape], "s_per_output_token"))
 
     track_s_per_output_token.unit = "seconds"
 
-    def track_s_per_total_token(self, cache, shape):
+    def track_s_per_total_token(self, cache, shape, stack=None):
         return samples(_per_sample(cache[shape], "s_per_total_token"))
 
     track_s_per_total_token.unit = "seconds"
 
-    def track_ratio_to_parent(self, cache, shape):
+    def track_ratio_to_parent(self, cache, shape, stack=None):
         """This commit's seconds per output token over its parent's, one sample per block of paired calls."""
         return samples(cache[shape].get("ratio_to_parent"))
 
     track_ratio_to_parent.unit = "ratio"
 
-    def track_ratio_se_to_parent(self, cache, shape):
+    def track_ratio_se_to_parent(self, cache, shape, stack=None):
         """Each block's standard error of its log B/A, from its own rounds (same order as the ratios)."""
         ses = cache[shape].get("ratio_se_to_parent") or []
         return samples(ses if ses and all(s is not None for s in ses) else [])
 
     track_ratio_se_to_parent.unit = "log ratio"
 
-    def track_minutes(self, cache, shape):
+    def track_minutes(self, cache, shape, stack=None):
         """Machine minutes the paired measurement took (more where it was undecided)."""
         return value(cache[shape], "minutes")
 
     track_minutes.unit = "minutes"
 
-    def track_calls(self, cache, shape):
+    def track_placement(self, cache, shape, stack=None):
+        """Walking commits: 0 both engines alive together, 1 one at a time (paired.placement.CODES)."""
+        return placement_code(cache[shape])
+
+    track_placement.unit = "placement"
+
+    def track_calls(self, cache, shape, stack=None):
         """Timed calls per side that decided the verdict."""
         return value(cache[shape], "calls")
 
     track_calls.unit = "calls"
 
-    def track_output_tok_per_s(self, cache, shape):
+    def track_output_tok_per_s(self, cache, shape, stack=None):
         return value(cache[shape], "output_tok_per_s")
 
     track_output_tok_per_s.unit = "tok/s"
 
-    def track_kv_cache_tokens(self, cache, shape):
+    def track_kv_cache_tokens(self, cache, shape, stack=None):
         return value(cache[shape], "kv_cache_tokens")
 
     track_kv_cache_tokens.unit = "tokens"
 
-    def track_gate(self, cache, shape):
+    def track_gate(self, cache, shape, stack=None):
         """0 pass, 1 fail (also a failed run); NaN while no hash is pinned for this stack."""
         return value(cache[shape], "gate")
 
     track_gate.unit = "fail"
 
-    def track_aot_key_differs_from_pin(self, cache, shape):
+    def track_aot_key_differs_from_pin(self, cache, shape, stack=None):
         """0: vLLM chose the pinned AOT graph for this machine and config; 1: another (an upward step)."""
         return value(cache[shape]["cache_key"], "aot_differs")
 
     track_aot_key_differs_from_pin.unit = "changed"
 
-    def track_piecewise_key_differs_from_pin(self, cache, shape):
+    def track_piecewise_key_differs_from_pin(self, cache, shape, stack=None):
         """The same for the 10-hex piecewise key; NaN where vLLM writes none (the CPU)."""
         return value(cache[shape]["cache_key"], "piecewise_differs")
 

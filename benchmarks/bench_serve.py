@@ -22,15 +22,23 @@ import os
 from pathlib import Path
 
 from b70bench import patches, serve, stats
-from b70bench.errors import UsageError
 from b70bench.paired import sides, stopping
 from b70bench.serve import cli as serve_cli
 from b70bench.serve import pair as serve_pair
 from b70bench.serve import suite as serve_suite
-from b70bench.stack import description
 from b70bench.stack import model as decode_model
 
-from .common import budget_s_from_env, paired_walk, samples, select_device, skip_if, value, whole_from_env
+from .common import (
+    budget_s_from_env,
+    paired_walk,
+    placement_code,
+    samples,
+    skip_if,
+    stack_and_device,
+    stack_param,
+    value,
+    whole_from_env,
+)
 
 STARTS = 2
 # Goodput SLOs on the CPU default: about 3x the tiny model's batch-1 TTFT and TPOT here.
@@ -53,18 +61,6 @@ def _starts() -> int:
     if not text.isdigit() or int(text) < 1:
         raise NotImplementedError(f"B70BENCH_SERVE_STARTS={text!r}: set a whole number of starts >= 1")
     return int(text)
-
-
-def _stack_and_device():
-    """The stack under test (B70BENCH_STACK) and its device here; a bad file, a backend this environment lacks or
-    too few devices for its TP skip with the one-line fix."""
-    try:
-        stack = description.from_env()
-        dev = select_device(stack.backend)
-        stack.check_devices(dev.backend, dev.count)
-    except UsageError as err:
-        raise NotImplementedError(str(err)) from None
-    return stack, dev
 
 
 def _paired_level(concurrency: int, backend: str, stack) -> dict:
@@ -95,18 +91,20 @@ def _paired_level(concurrency: int, backend: str, stack) -> dict:
         "ratio_se_to_parent": [] if withheld else res["block_log_ses"],
         "minutes": res["minutes"],
         "levels": res["levels_per_side"],
+        "placement": res.get("placement"),
     }
 
 
 class Serve:
-    param_names = ["concurrency"]
-    params = [_concurrency()]
+    param_names = ["concurrency", "stack"]
+    params = [_concurrency(), [stack_param()]]
     timeout = 3600
-    # 2: walking commits, one sample per paired block against the parent (samples per start before).
-    version = 2
+    # 2: walking commits, one sample per paired block against the parent (samples per start before). 3: the stack
+    # (name@backend) a parameter.
+    version = 3
 
     def setup_cache(self):
-        stack, dev = _stack_and_device()
+        stack, dev = stack_and_device()
         skip_if(serve.unavailable_reason(dev))
         levels = self.params[0]
         if not all(isinstance(c, int) for c in levels):
@@ -130,64 +128,70 @@ class Serve:
 
     setup_cache.timeout = 3600
 
-    def setup(self, cache, concurrency):
+    def setup(self, cache, concurrency, stack=None):
         if concurrency not in cache:
             raise NotImplementedError(f"concurrency {concurrency} was not measured")
 
-    def track_tpot_s(self, cache, concurrency):
+    def track_tpot_s(self, cache, concurrency, stack=None):
         """Median time per output token after the first, per start (vLLM's TPOT)."""
         return samples(cache[concurrency].get("tpot_s_median"))
 
     track_tpot_s.unit = "seconds"
 
-    def track_e2e_s(self, cache, concurrency):
+    def track_e2e_s(self, cache, concurrency, stack=None):
         """Median request latency, first byte sent to last token received, per start (vLLM's E2EL)."""
         return samples(cache[concurrency]["e2e_s_median"])
 
     track_e2e_s.unit = "seconds"
 
-    def track_ttft_s(self, cache, concurrency):
+    def track_ttft_s(self, cache, concurrency, stack=None):
         return samples(cache[concurrency].get("ttft_s_median"))
 
     track_ttft_s.unit = "seconds"
 
-    def track_goodput_request_per_s(self, cache, concurrency):
+    def track_goodput_request_per_s(self, cache, concurrency, stack=None):
         """Requests per second that met B70BENCH_SERVE_SLO, per start."""
         return samples(cache[concurrency].get("goodput_request_per_s"))
 
     track_goodput_request_per_s.unit = "request/s"
 
-    def track_output_tok_per_s(self, cache, concurrency):
+    def track_output_tok_per_s(self, cache, concurrency, stack=None):
         return samples(cache[concurrency].get("output_tok_per_s"))
 
     track_output_tok_per_s.unit = "tok/s"
 
-    def track_startup_s(self, cache, concurrency):
+    def track_startup_s(self, cache, concurrency, stack=None):
         """Seconds from the server's launch to a healthy /health (the same for every level of a start)."""
         return samples(cache.get("startup_s"))
 
     track_startup_s.unit = "seconds"
 
-    def track_ratio_to_parent(self, cache, concurrency):
+    def track_ratio_to_parent(self, cache, concurrency, stack=None):
         """Walking commits: this level's median E2E over the parent's, one sample per block of paired levels."""
         return samples(cache[concurrency].get("ratio_to_parent"))
 
     track_ratio_to_parent.unit = "ratio"
 
-    def track_ratio_se_to_parent(self, cache, concurrency):
+    def track_ratio_se_to_parent(self, cache, concurrency, stack=None):
         """Each block's standard error of its log B/A, from its own rounds (same order as the ratios)."""
         ses = cache[concurrency].get("ratio_se_to_parent") or []
         return samples(ses if all(x is not None for x in ses) else [])
 
     track_ratio_se_to_parent.unit = "log ratio"
 
-    def track_minutes(self, cache, concurrency):
+    def track_minutes(self, cache, concurrency, stack=None):
         """Machine minutes the paired measurement of this level took (more where it was undecided)."""
         return value(cache[concurrency], "minutes")
 
     track_minutes.unit = "minutes"
 
-    def track_levels(self, cache, concurrency):
+    def track_placement(self, cache, concurrency, stack=None):
+        """Walking commits: 0 both servers alive together, 1 one at a time (paired.placement.CODES)."""
+        return placement_code(cache[concurrency])
+
+    track_placement.unit = "placement"
+
+    def track_levels(self, cache, concurrency, stack=None):
         """Paired levels per side that decided the verdict (track_calls in results before 2026-12-04)."""
         return value(cache[concurrency], "levels")
 

@@ -16,6 +16,41 @@ def select_device(backend: str | None = None):
         raise NotImplementedError(str(err)) from None
 
 
+def stack_param() -> str:
+    """The stack's asv parameter, `name@backend`: the page names the stack and device of every figure and verdict,
+    so the CPU default's can never pass for a rig's. Read at import, when asv lists the benchmarks: a bad file gives
+    a label that setup_cache then skips with the file's one-line fix."""
+    from b70bench.stack import description
+
+    try:
+        stack = description.from_env()
+    except UsageError:
+        return "unreadable-stack"
+    if stack.backend:
+        return f"{stack.name}@{stack.backend}"
+    try:
+        return f"{stack.name}@{select_device().backend}"
+    except NotImplementedError:
+        return f"{stack.name}@cpu"
+
+
+def stack_and_device():
+    """The stack under test (B70BENCH_STACK) and its device here; a bad file, a backend this environment lacks (a CPU
+    build walked for a GPU stack) or too few devices for its TP skip with the one-line fix."""
+    from b70bench.stack import description
+
+    try:
+        stack = description.from_env()
+    except UsageError as err:
+        raise NotImplementedError(str(err)) from None
+    dev = select_device(stack.backend)
+    try:
+        stack.check_devices(dev.backend, dev.count)
+    except UsageError as err:
+        raise NotImplementedError(str(err)) from None
+    return stack, dev
+
+
 def skip_if(reason: str | None) -> None:
     """asv skips a benchmark whose setup raises NotImplementedError; reason says why."""
     if reason:
@@ -51,6 +86,13 @@ def paired_walk(dev, switch: str) -> bool:
     auto places them (together on the CPU, one process at a time on a GPU or XPU), unless the switch variable is 0
     (`make bench`, one commit: per-start samples)."""
     return bool(os.environ.get("ASV_COMMIT")) and os.environ.get(switch) != "0"
+
+
+def placement_code(summary: dict):
+    """A paired walk's placement as asv stores it (paired.placement.CODES); NaN where none was paired."""
+    from b70bench.paired import placement
+
+    return placement.CODES.get(summary.get("placement"), math.nan)
 
 
 def samples(values):

@@ -6,6 +6,8 @@ import math
 
 import pytest
 
+from b70bench.stack import description
+
 
 def level(c, e2e, tpot, completed=True):
     return {
@@ -32,7 +34,9 @@ def test_serve_adapter_samples_per_start_and_level(monkeypatch):
     monkeypatch.setattr(serve_cli, "measure", lambda load, starts, stack, device: records)
     monkeypatch.setattr(bench_serve.Serve, "params", [[1, 16]])
     monkeypatch.setattr(
-        bench_serve, "select_device", lambda backend=None: type("D", (), {"backend": "cpu", "count": 1})()
+        bench_serve,
+        "stack_and_device",
+        lambda: (description.default(), type("D", (), {"backend": "cpu", "count": 1})()),
     )
     monkeypatch.setattr(bench_serve.serve, "unavailable_reason", lambda dev: None)
     b = bench_serve.Serve()
@@ -81,7 +85,7 @@ def test_walking_commits_pairs_each_level_with_the_parent(monkeypatch, tmp_path)
 
     monkeypatch.setattr(sides, "against_parent", fake_against_parent)
     monkeypatch.setattr(bench_serve.Serve, "params", [[1, 4, 16]])
-    monkeypatch.setattr(bench_serve, "select_device", lambda backend=None: cpu)
+    monkeypatch.setattr(bench_serve, "stack_and_device", lambda: (description.default(), cpu))
     monkeypatch.setattr(bench_serve.serve, "unavailable_reason", lambda dev: None)
     monkeypatch.setenv("B70BENCH_CACHE", str(tmp_path))
     monkeypatch.setenv("B70BENCH_SERVE_BUDGET_MIN", "12")

@@ -25,6 +25,8 @@ from b70bench.stack.description import Stack
 
 TOGETHER, ALTERNATE, AUTO = "together", "alternate", "auto"
 PLACEMENTS = (AUTO, TOGETHER, ALTERNATE)
+# How asv stores a walk's placement (a figure is a number): bench_decode/bench_serve write it, the website reads it.
+CODES = {TOGETHER: 0, ALTERNATE: 1}
 
 
 def choose(requested: str, backend: str, stack: Stack | None = None) -> tuple[str, str]:

@@ -1,0 +1,179 @@
+"""The stack description: what a file says reaches every start, bad files are refused in one line, auto placement
+and the gate key follow the stack, and `compare --plan` says what would run without running it."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from b70bench.errors import UsageError
+from b70bench.paired import placement
+from b70bench.stack import description, gate
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def write(tmp_path, text: str, name: str = "rig.toml") -> Path:
+    (tmp_path / "model").mkdir(exist_ok=True)
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+RIG = """
+name = "b70-tp4"
+backend = "xpu"
+devices = [0, 1, 2, 3]
+model = "./model"
+tp = 4
+quantization = "auto-round"
+max_model_len = 4096
+memory_fraction = 0.9
+start_timeout_s = 1200
+shapes = ["p512n1536"]
+env_file = "promoted-env.sh"
+env_unset = ["VLLM_XPU_OLD"]
+server_args = ["--max-num-seqs", "16"]
+
+[env]
+VLLM_USE_FLAG = "1"
+
+[engine_args]
+enforce_eager = false
+"""
+
+
+def test_a_rig_stack_reaches_the_engine_spec_and_environment(tmp_path):
+    (tmp_path / "promoted-env.sh").write_text("export VLLM_PROMOTED=1\nVLLM_USE_FLAG=0\n")
+    st = description.load(write(tmp_path, RIG))
+    assert st.name == "b70-tp4" and st.model == str((tmp_path / "model").resolve()) and st.tp == 4
+    spec = st.engine_spec("p512n1536")
+    assert spec["tp"] == 4 and spec["max_model_len"] == 4096 and spec["memory_fraction"] == 0.9
+    assert spec["engine_args"] == {"enforce_eager": False, "quantization": "auto-round"}
+    env = st.process_env({"VLLM_XPU_OLD": "1", "PATH": "/bin"}, "xpu")
+    # The env file first, then the table (its VLLM_USE_FLAG wins), less what the stack unsets, its devices visible.
+    assert env["VLLM_PROMOTED"] == "1" and env["VLLM_USE_FLAG"] == "1" and "VLLM_XPU_OLD" not in env
+    assert env["ZE_AFFINITY_MASK"] == "0,1,2,3" and "CUDA_VISIBLE_DEVICES" not in env and env["PATH"] == "/bin"
+    assert st.process_env({}, "cuda")["CUDA_VISIBLE_DEVICES"] == "0,1,2,3"
+    # Nothing of the CPU's: no pinning, KV size or preload comes from the stack on a GPU or XPU.
+    assert not {"VLLM_CPU_KVCACHE_SPACE", "LD_PRELOAD", "OMP_NUM_THREADS"} & set(env)
+    key = st.gate_key("xpu:Intel Arc Pro B70", "0.20.1")
+    assert key["quantization"] == "auto-round" and key["tp"] == 4 and key["model"] == st.model
+    assert "auto-round" in gate.describe(key)
+
+
+def test_the_default_is_the_embedded_model_and_old_pins_still_match(tmp_path):
+    st = description.default()
+    assert st.embedded and st.tp == 1 and st.vllm_dtype() == "bfloat16"
+    key = st.gate_key("cpu:avx2", "0.32.0")
+    old = {k: v for k, v in key.items() if k != "quantization"}  # a pin written before stacks had quantization
+    pins = tmp_path / "gates.json"
+    pins.write_text('{"gates": [%s]}' % str({**old, "token_sha256": "ab"}).replace("'", '"'))
+    assert gate.pinned(key, pins) == "ab"
+    assert gate.pinned({**key, "quantization": "int4"}, pins) is None  # another stack's numerics: not this pin
+
+
+@pytest.mark.parametrize(
+    "text, words",
+    [
+        ("tp = [", "not valid TOML"),
+        ("modle = './model'", "unknown key 'modle'"),
+        ("tp = '4'", "tp = '4' should be a int"),
+        ("tp = 0", "tp = 0: 1 or more"),
+        ("model = './missing'", "model directory"),
+        ("backend = 'rocm'", "backend 'rocm'"),
+        ("memory_fraction = 1.5", "memory_fraction = 1.5"),
+        ("devices = []", "devices = []"),
+        ("env_file = 'nope.sh'", "cannot read env file"),
+        ("shapes = ['512x512']", "bad shape '512x512'"),
+        ("[env]\nX = [1]", "env.X should be a string"),
+    ],
+)
+def test_a_bad_stack_file_is_one_line_naming_the_fix(tmp_path, text, words):
+    with pytest.raises(UsageError) as err:
+        description.load(write(tmp_path, text))
+    assert words in str(err.value) and "\n" not in str(err.value), err.value
+
+
+def test_a_missing_file_and_the_environment_variable(tmp_path):
+    with pytest.raises(UsageError, match="does not exist"):
+        description.load(tmp_path / "none.toml")
+    path = write(tmp_path, "model = './model'\ntp = 2\n", "cpu2.toml")
+    assert description.from_env({description.ENV_VAR: str(path)}).tp == 2
+    assert description.from_env({}).embedded
+
+
+def test_devices_the_machine_lacks_and_tp_above_them_are_refused(tmp_path):
+    st = description.load(write(tmp_path, "backend = 'cuda'\ndevices = [0, 1]\ntp = 4\nmodel = './model'\n"))
+    with pytest.raises(UsageError, match="tp 4 is larger than the 2 cuda device"):
+        st.check_devices("cuda", 8)
+    with pytest.raises(UsageError, match="sees 1 cuda device"):
+        st.check_devices("cuda", 1)
+    with pytest.raises(UsageError, match="names backend cuda, this run is on cpu"):
+        st.check_devices("cpu", 1)
+    two = description.load(write(tmp_path, "tp = 2\nmodel = './model'\n", "two.toml"))
+    two.check_devices("cpu", 1)  # the CPU's TP ranks share the host's cores
+    with pytest.raises(UsageError, match="tp 2 is larger than the 1 xpu"):
+        two.check_devices("xpu", 1)
+
+
+def test_auto_places_together_only_where_two_processes_fit(tmp_path):
+    cpu = description.default()
+    assert placement.choose("auto", "cpu", cpu)[0] == placement.TOGETHER  # ~2.5 GiB each
+    fits, why = cpu.two_fit("cpu", mem_available_gib=4.0)
+    assert not fits and "exceed the 4.0 GiB" in why
+    gpu = description.load(write(tmp_path, "model = './model'\nmemory_fraction = 0.9\n"))
+    where, why = placement.choose("auto", "cuda", gpu)
+    assert where == placement.ALTERNATE and "0.9 + 0.9" in why
+    half = description.load(write(tmp_path, "model = './model'\nmemory_fraction = 0.45\n", "half.toml"))
+    assert placement.choose("auto", "xpu", half)[0] == placement.TOGETHER
+    unset = description.load(write(tmp_path, "model = './model'\n", "unset.toml"))
+    assert placement.choose("auto", "cuda", unset) == (
+        placement.ALTERNATE,
+        "auto: the stack sets no memory_fraction, so each cuda process takes vLLM's default 0.9",
+    )
+    assert placement.choose("together", "cuda", gpu) == (placement.TOGETHER, "--placement together")
+
+
+def b70bench(*args, env=None):
+    return subprocess.run(
+        [sys.executable, "-m", "b70bench", *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, **(env or {})},
+        timeout=120,
+    )
+
+
+def test_compare_plan_prints_what_would_run_and_starts_nothing(tmp_path):
+    path = write(tmp_path, "name = 'tp2'\nmodel = './model'\ntp = 2\nkv_cache_gib = 2\n[env]\nMY_FLAG = 'on'\n")
+    got = b70bench("compare", "HEAD", "HEAD", "--stack", str(path), "--plan", "--placement", "alternate")
+    assert got.returncode == 0, got.stderr
+    out = got.stdout
+    assert "stack tp2" in out and "tp 2" in out and "placement: alternate (--placement alternate)" in out
+    for side in "AB":
+        line = next(x for x in out.splitlines() if x.startswith(f"  side {side} environment"))
+        assert "MY_FLAG=on" in line and "VLLM_CPU_KVCACHE_SPACE=2" in line and f"vllm-cache-{side}" in line
+        assert "B70BENCH_ENGINE_CPUS" not in line  # TP ranks are bound by vLLM, not pinned to one core
+    assert "one uncounted start per side" in out
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--stack", "missing.toml"], "does not exist"),
+        (["--max-starts", "3"], "--max-starts 3"),
+    ],
+)
+def test_compare_refuses_bad_stack_input_with_exit_2(args, words):
+    got = b70bench("compare", "HEAD", "HEAD", "--plan", *args)
+    assert got.returncode == 2 and words in got.stderr and got.stderr.count("\n") == 1, got.stderr
+
+
+def test_a_gpu_stack_on_a_machine_without_one_is_refused(tmp_path):
+    path = write(tmp_path, "backend = 'cuda'\nmodel = './model'\n")
+    got = b70bench("compare", "HEAD", "HEAD", "--plan", "--stack", str(path))
+    assert got.returncode == 2 and "cuda" in got.stderr and got.stderr.count("\n") == 1, got.stderr
