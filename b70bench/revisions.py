@@ -20,6 +20,7 @@ from pathlib import Path
 
 from b70bench import patches
 from b70bench.errors import UsageError
+from b70bench.stack import description
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -162,6 +163,20 @@ def walk(walker: Walker, commits: list[str], asv_args: list[str], run_benchmarks
     return rows
 
 
+def check_backend(python: str, stack: description.Stack) -> None:
+    """Refuse, in one line, to walk a stack on an environment that lacks its backend (a CPU build for a GPU stack)."""
+    if not stack.backend or stack.backend == "cpu":
+        return
+    code = f"from b70bench import device; print(device.device_count({stack.backend!r}))"
+    got = subprocess.run([python, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    count = got.stdout.strip()
+    if got.returncode != 0 or not count.isdigit() or int(count) == 0:
+        raise UsageError(
+            f"the environment of {python} has no {stack.backend} device (a CPU build?) but stack {stack.name} names "
+            f"{stack.backend}: walk with the --python of an environment built for {stack.backend}, or a CPU stack"
+        )
+
+
 def run(args) -> int:
     python = args.python or sys.executable
     walker = Walker(python, Path(args.repo).resolve(), args.site_dir, args.prefix)
@@ -173,6 +188,10 @@ def run(args) -> int:
         raise UsageError("name a range (OLD..NEW) or a commit, or pass --restore")
     commits = commits_in(walker.repo, args.range)
     asv_args = shlex.split(args.asv_args or "")
+    if args.stack:
+        stack = description.load(args.stack)  # a bad file is refused before anything is applied
+        check_backend(python, stack)
+        os.environ[description.ENV_VAR] = stack.source  # the asv adapters read it in asv's processes
     rows = walk(walker, commits, asv_args)
     print()
     print(f"{'commit':10}  {'patch set':16}  applied  asv  restored  error")
@@ -195,6 +214,12 @@ def register(sub) -> None:
     p.add_argument("range", nargs="?", help="OLD..NEW (oldest first, OLD excluded) or one commit")
     p.add_argument(
         "--python", default=None, metavar="PATH", help="interpreter of the environment to patch (default: this one)"
+    )
+    p.add_argument(
+        "--stack",
+        metavar="FILE",
+        default=None,
+        help="the stack under test (docs/stacks.md), passed to the asv adapters as B70BENCH_STACK",
     )
     p.add_argument("--asv-args", default="", help='extra arguments for asv run, e.g. "--bench Decode -a repeat=3"')
     p.add_argument("--restore", action="store_true", help="only restore the environment (after an interrupted walk)")

@@ -177,3 +177,12 @@ def test_a_gpu_stack_on_a_machine_without_one_is_refused(tmp_path):
     path = write(tmp_path, "backend = 'cuda'\nmodel = './model'\n")
     got = b70bench("compare", "HEAD", "HEAD", "--plan", "--stack", str(path))
     assert got.returncode == 2 and "cuda" in got.stderr and got.stderr.count("\n") == 1, got.stderr
+
+
+def test_revisions_refuses_a_gpu_stack_on_an_environment_without_that_device(tmp_path):
+    """The walk on a GPU/XPU rig is `revisions` on that rig's environment; a CPU build there is refused before any
+    commit is applied."""
+    path = write(tmp_path, "backend = 'xpu'\nmodel = './model'\n")
+    got = b70bench("revisions", "HEAD", "--stack", str(path))
+    assert got.returncode == 2 and "has no xpu device (a CPU build?)" in got.stderr, got.stderr
+    assert got.stderr.count("\n") == 1
