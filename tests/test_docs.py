@@ -2,9 +2,8 @@
 
 Examples are the lines starting with `b70bench ` inside ```sh blocks of README.md and docs/*.md.
 Each runs as written, from a scratch working directory (what it writes stays out of the checkout) with
-state in a temporary B70BENCH_HOME; a line ending
-in a comment naming what it needs (# cuda, # xpu, # torchrun, # long, # needs results) is skipped
-with that reason.
+state in a temporary B70BENCH_HOME; a line ending in a comment naming what it needs (# cuda, # xpu, # torchrun,
+# long, # needs results, # needs the file above) is skipped with that reason.
 
 Also: lines of at most 120 characters (README.md all of them; docs/*.md outside code fences and table rows),
 every relative link of README.md, docs/*.md and docs/history/*.md resolving to a file and heading, and no
@@ -26,7 +25,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 HISTORY = sorted((ROOT / "docs" / "history").glob("*.md"))
-NEEDS = ("cuda", "xpu", "torchrun", "long", "needs results")
+NEEDS = ("cuda", "xpu", "torchrun", "long", "needs results", "needs the file above")
 README_MAX_LINES = 250
 MAX_WIDTH = 120
 
