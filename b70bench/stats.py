@@ -220,6 +220,15 @@ BLOCK_OFFSET_SD = 0.015
 TWO_BLOCKS_OFFSET_SD = 0.021
 
 
+def paired_blocks(ratios: list[float], ses: list[float | None], level: float) -> Ratio:
+    """B/A over paired blocks, the one reading of them (the stopping rule, the website, kernel-vs-model): with
+    every block's own standard error of its log ratio, blocks_interval; else (a block too short for one, or
+    alternate blocks, whose rounds cannot see their starts' offset) the t interval over the block values."""
+    if len(ses) == len(ratios) and all(s is not None and s > 0 for s in ses):
+        return blocks_interval([math.log(r) for r in ratios], ses, level)
+    return paired_interval(ratios, level)
+
+
 def blocks_interval(
     logs: list[float], ses: list[float], level: float = 0.95, offset_sd: float = BLOCK_OFFSET_SD
 ) -> Ratio:

@@ -21,7 +21,6 @@ Pure logic, no asv import: b70bench.asv_plugin feeds it asv's result files at `a
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 from b70bench import stats
@@ -120,10 +119,7 @@ def paired(
         if len(ratios) < 2:
             out.append(_too_few(p, reference, len(ratios), PAIRED, "paired block(s)"))
             continue
-        if with_se:
-            r = stats.blocks_interval([math.log(x) for x in ratios], [e for _r, e in kept], level)
-        else:
-            r = stats.paired_interval(ratios, level)
+        r = stats.paired_blocks(ratios, [e for _r, e in kept], level)
         d = r.decide(min_effect, floor)
         out.append(
             Verdict(

@@ -1,8 +1,8 @@
 """Stands in for b70bench.decode.live in tests: the same protocol on the reply descriptor, no vLLM.
 
 It imports fakevllm's model file as its PYTHONPATH resolves it (an overlay, in the tests), runs 10%
-"slower" when that file holds the patched text, and can fail to start, die at a call (SIGKILL, as
-kill -9 would) or leave a grandchild behind, as a crashed engine's workers would.
+"slower" when that file holds the patched text, and can fail to start (always, or once out of memory), die at a
+call (SIGKILL, as kill -9 would) or leave a grandchild behind, as a crashed engine's workers would.
 """
 
 import json
@@ -26,6 +26,11 @@ def main(argv):
     if spec.get("fail_start"):
         print("RuntimeError: fake engine refused to start: " + spec["fail_start"], flush=True)
         reply({"ok": False, "error": "RuntimeError: " + spec["fail_start"]})
+        return 1
+    if spec.get("oom_once") and not os.path.exists(spec["oom_once"]):  # the first start only, as a full device
+        open(spec["oom_once"], "w").close()
+        print("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", flush=True)
+        reply({"ok": False, "error": "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"})
         return 1
     if spec.get("grandchild"):
         subprocess.Popen(["sleep", "300"])

@@ -262,3 +262,26 @@ def test_a_second_sigterm_cannot_cut_the_clean_up_short():
         assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN
     finally:
         signal.signal(signal.SIGTERM, before)
+
+
+def test_a_start_out_of_memory_fails_its_block_and_the_next_start_runs(env, tmp_path, monkeypatch):
+    """Alternate: the very first start runs out of memory; that block fails with vLLM's reason, the next block warms
+    each side and measures, the verdict comes from the blocks that ran, and no process is left."""
+    walker, repo, site, _stale, empty = env
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(TESTS), str(site)]))
+    res = pair.compare_series(
+        {"A": empty, "B": repo / "patches"},
+        walker.env,
+        tmp_path / "out",
+        engine_cls=FakeLive,
+        spec={"output_len": 128, "oom_once": str(tmp_path / "oom-once")},
+        rounds=6,
+        placement="alternate",
+        out=lambda _line: None,
+    )
+    recs = res["block_records"]
+    assert "OutOfMemoryError" in recs[0]["error"] and res["blocks_failed"] == 1, recs[0]["error"]
+    assert set(recs[1]["warm_starts"]) == {"A", "B"} and recs[1]["error"] is None  # warmed by the next block
+    assert res["verdict"] == stats.SLOWER and res["blocks"] >= 2, res["text"]
+    pids = [x.get("pid") for b in recs for x in (*b["starts"].values(), *b["warm_starts"].values())]
+    assert not any(process.group_members(p) for p in pids if p)

@@ -1,6 +1,7 @@
 """The stack description: what a file says reaches every start, bad files are refused in one line, auto placement
 and the gate key follow the stack, and `compare --plan` says what would run without running it."""
 
+import json
 import os
 import subprocess
 import sys
@@ -70,7 +71,7 @@ def test_the_default_is_the_embedded_model_and_old_pins_still_match(tmp_path):
     key = st.gate_key("cpu:avx2", "0.32.0")
     old = {k: v for k, v in key.items() if k != "quantization"}  # a pin written before stacks had quantization
     pins = tmp_path / "gates.json"
-    pins.write_text('{"gates": [%s]}' % str({**old, "token_sha256": "ab"}).replace("'", '"'))
+    pins.write_text(json.dumps({"gates": [{**old, "token_sha256": "ab"}]}))
     assert gate.pinned(key, pins) == "ab"
     assert gate.pinned({**key, "quantization": "int4"}, pins) is None  # another stack's numerics: not this pin
 

@@ -302,3 +302,58 @@ def test_walk_skips_commits_without_enough_samples():
     assert [(v.commit, v.verdict) for v in out] == [("b", stats.UNDECIDED), ("c", stats.SLOWER)]
     assert out[0].decision is None and out[0].text == "undecided: 1 sample(s), an interval needs two"
     assert out[1].reference == ["a"]
+
+
+@pytest.mark.parametrize(
+    "ratios, ses",
+    [
+        ([1.06, 1.04, 1.07, 1.05], [0.01, 0.012, 0.011, 0.01]),  # together: each block's own standard error
+        ([1.06, 1.04, 1.07, 1.05, 1.03, 1.08], [None] * 6),  # alternate: the blocks' spread alone
+        ([1.01, 0.99, 1.0, 1.02], [0.01, 0.01, 0.012, 0.009]),
+        ([1.2, 0.9, 1.1], [None] * 3),
+    ],
+)
+def test_one_decision_for_the_stopping_rule_the_page_and_kernel_vs_model(ratios, ses):
+    """The same blocks read by the stopping rule (paired.blocks.estimate), the website (verdicts.paired) and
+    kernel-vs-model give the same interval and the same verdict: one function decides."""
+    from b70bench import kernel_vs_model
+    from b70bench.paired import blocks as blockmod
+
+    class Fixed(blockmod.Block):
+        def __init__(self, r, se):
+            super().__init__(0)
+            self._r, self._se = r, se
+
+        def ratio(self, normalise=False):
+            return self._r
+
+    fixed = [Fixed(r, s) for r, s in zip(ratios, ses, strict=True)]
+    orig = blockmod.block_ses
+    blockmod.block_ses = lambda bs, normalise=False: [b._se for b in bs]
+    try:
+        r = blockmod.estimate(fixed, verdicts.LEVEL)
+    finally:
+        blockmod.block_ses = orig
+    stop = r.decide(stats.DEFAULT_MIN_EFFECT, stats.DEFAULT_FLOOR)
+    page = verdicts.paired([verdicts.Point(0, "c", tuple(ratios), ses=tuple(ses))])[0]
+    kvm = kernel_vs_model._paired_change(1.0, ratios, ses, stats.DEFAULT_FLOOR, verdicts.LEVEL)
+    assert (r.lo, r.hi) == (page.ratio.lo, page.ratio.hi) == tuple(kvm["interval"])
+    assert stop.word == page.verdict == kvm["verdict"] and stop.text == page.text == kvm["text"]
+
+
+def test_the_measurement_engine_imports_none_of_its_targets():
+    """paired/ is the measurement engine; decode, serve and moe-down are its targets and compare its front: the
+    engine never imports them (no circle), and nothing under stack/ imports a suite either."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent / "b70bench"
+    targets = ("b70bench.decode", "b70bench.serve", "b70bench.moe", "b70bench.compare", "b70bench.cachekey")
+    for pkg in ("paired", "stack"):
+        for f in (root / pkg).glob("*.py"):
+            for node in ast.walk(ast.parse(f.read_text())):
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+                if isinstance(node, ast.ImportFrom) and node.module:
+                    names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+                bad = [n for n in names if n.startswith(targets)]
+                assert not bad, f"{f.relative_to(root.parent)} imports {bad}"

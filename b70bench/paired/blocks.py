@@ -110,16 +110,10 @@ def block_ses(blocks: list[Block], normalise: bool = False) -> list[float | None
 
 
 def estimate(blocks: list[Block], level: float, normalise: bool = False):
-    """stats.Ratio of B/A over blocks, or None with fewer than two good blocks: stats.blocks_interval over
-    the blocks' log ratios and block_ses() (two blocks are enough: stats.blocks_interval gives them the
-    two-block floor, where the t over two block values would be 25 times wider at 99%); where a
-    block has too few rounds for its own standard error (the serve suite's few long rounds), the t interval
-    over the block values alone (stats.paired_interval)."""
+    """stats.Ratio of B/A over blocks (stats.paired_blocks over their ratios and block_ses()), or None with fewer
+    than two good blocks. With each block's own standard error two blocks are enough (stats.blocks_interval gives
+    them the two-block floor, where the t over two block values would be 25 times wider at 99%)."""
     good = [b for b in blocks if b.error is None and b.ratio(normalise) is not None]
     if len(good) < 2:
         return None
-    values = [b.ratio(normalise) for b in good]
-    ses = block_ses(good, normalise)
-    if any(s is None or s <= 0 for s in ses):
-        return stats.paired_interval(values, level)
-    return stats.blocks_interval([math.log(v) for v in values], ses, level)
+    return stats.paired_blocks([b.ratio(normalise) for b in good], block_ses(good, normalise), level)
