@@ -25,6 +25,7 @@ from gitrepo import git
 from test_verdicts import START_CV
 
 from b70bench import stats
+from b70bench.paired import placement
 
 COLS = [
     "result",
@@ -52,7 +53,9 @@ MINUTES = "bench_decode.Decode.track_minutes"
 CALLS = "bench_decode.Decode.track_calls"
 RATIO_SE = "bench_decode.Decode.track_ratio_se_to_parent"
 GATE = "bench_decode.Decode.track_gate"
+PLACEMENT = "bench_decode.Decode.track_placement"
 UNITS = {
+    PLACEMENT: "placement",
     GATE: "fail",
     SECONDS: "seconds",
     RATE: "tok/s",
@@ -126,6 +129,7 @@ def project(
     settings=None,
     nan_sample=False,
     withheld=None,
+    placement=None,
 ):
     """Six commits, their result files (8 starts each at START_CV around `levels`), `asv publish`.
 
@@ -161,6 +165,8 @@ def project(
             extra = {RATIO: ratio, MINUTES: (minutes, None), CALLS: (calls, None)}
             if ses:
                 extra[RATIO_SE] = (stats.geomean(ses[0]), ses[0]) if isinstance(ses[0], list) else (ses[0], None)
+            if placement is not None:
+                extra[PLACEMENT] = (float(placement), None)
         extra = {**(extra or {}), GATE: (float(i == withheld), None)}
         if i == withheld:  # the gate failed: bench_decode withholds the speed (NaN, no samples)
             samples = [math.nan] * 8
@@ -430,3 +436,17 @@ def test_a_commit_whose_gate_failed_says_its_speed_was_withheld(tmp_path, rule):
     assert failed["text"] == "undecided: speed withheld: the gate failed (its tokens differ from the pinned hash)"
     assert all(rows[c]["verdict"] != stats.SLOWER for c in commits[1:] if c in rows), rows
     assert "speed withheld: the gate failed" in (html / "index.html").read_text()
+
+
+def test_each_paired_verdict_says_its_placement(tmp_path):
+    """A walk whose blocks ran one process at a time (track_placement 1, alternate) says so in every verdict row of
+    the page and of b70bench-verdicts.json, beside its blocks, calls and minutes."""
+    rng = random.Random(4)
+    blocks = lambda centre: [centre * math.exp(rng.gauss(0, BLOCK_SD)) for _ in range(8)]  # noqa: E731
+    paired = {i: (blocks(SLOW if i == 3 else NOOP), 30.0, 48) for i in range(1, 6)}
+    html, commits = project(tmp_path, [1.0] * 6, paired=paired, placement=placement.CODES[placement.ALTERNATE])
+    rows = {v["commit"]: v for v in json.loads((html / "b70bench-verdicts.json").read_text())["verdicts"]}
+    assert {v["placement"] for v in rows.values()} == {"alternate"}, rows
+    page = (html / "index.html").read_text()
+    note = page[page.index('id="b70bench-verdicts"') : page.index("</table></div>")]
+    assert note.count("8 blocks (alternate), 48 calls a side") == 5, note
