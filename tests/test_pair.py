@@ -320,15 +320,19 @@ def test_pinned_cores_are_read_once_and_a_bad_value_names_the_fix():
         pair.engine_cpus({"B70BENCH_PAIR_CPUS": str(max(cores) + 64)})
 
 
-def test_alternate_starts_stay_quiet_on_identical_sides_and_name_10_percent():
-    """One engine at a time on the drifting host: the host is not cancelled inside a round, so blocks spread more,
-    and each block's B/A is one sample (its rounds' spread is not used): identical sides are not named, while a
-    10% slowdown is named in most seeds within a budget of 16 blocks (together names 8% in all: alternate is for
-    stacks of which two processes do not fit) and 20% in every one."""
-    same = [simulate(seed, 0.0, rounds=96, where=placement.ALTERNATE) for seed in range(1000, 1050)]
-    assert sum(bool(r.decision and r.decision.named) for r in same) <= 1, [r.text() for r in same]
-    ten = [simulate(seed, 0.10, rounds=96, where=placement.ALTERNATE) for seed in range(1100, 1120)]
-    assert sum(r.decision.word == stats.SLOWER for r in ten) >= 10, [r.text() for r in ten]
+def test_alternate_starts_stay_quiet_on_identical_sides_and_name_large_slowdowns():
+    """One engine at a time on the drifting host (it flips between speeds within seconds): nothing cancels the
+    host inside a block, and each block's B/A, its two starts' median calls, lands on whichever speed held most of
+    each start. Identical sides are named no more often than the level allows (4% overall: 2 of 50), with or
+    without a hog mid-run; without one, 20% is named in most seeds within 16 blocks and 10% in some (together names
+    8% in all: alternate is for stacks of which two processes do not fit)."""
+    alt = dict(rounds=96, where=placement.ALTERNATE, first=stopping.ALTERNATE_FIRST_BLOCKS)
+    for hog in (True, False):
+        same = [simulate(seed, 0.0, hog=hog, **alt) for seed in range(1000, 1050)]
+        assert sum(bool(r.decision and r.decision.named) for r in same) <= 2, [r.text() for r in same]
+    ten = [simulate(seed, 0.10, hog=False, **alt) for seed in range(1100, 1120)]
+    assert sum(r.decision.word == stats.SLOWER for r in ten) >= 5, [r.text() for r in ten]
     assert all(r.starts == 2 * len(r.blocks) + 2 for r in ten)  # the two warm starts are counted as starts taken
-    twenty = [simulate(seed, 0.20, rounds=96, where=placement.ALTERNATE) for seed in range(1200, 1220)]
-    assert all(r.decision.word == stats.SLOWER for r in twenty), [r.text() for r in twenty]
+    twenty = [simulate(seed, 0.20, hog=False, **alt) for seed in range(1200, 1220)]
+    assert sum(r.decision.word == stats.SLOWER for r in twenty) >= 12, [r.text() for r in twenty]
+    assert not any(r.decision.word == stats.FASTER for r in ten + twenty)
