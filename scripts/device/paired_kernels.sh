@@ -2,7 +2,8 @@
 # The paired measurement engine on one CUDA GPU, through a target that needs no vLLM (`compare --suite moe-down`:
 # each side a moe-down kernel in a process of its own with its own Triton cache, one process at a time):
 # an A/A pair (triton-htile against itself) and a known kernel slowdown (the untuned `triton` tiling against
-# `triton-htile`), at TP4 and 1 token, each a `compare --placement alternate`.
+# `triton-htile`), at TP4 and 1 token, each a `compare --placement alternate`. First, the plan `compare --plan`
+# prints for a cuda stack (a placeholder model directory: the plan reads no weights and starts nothing).
 #   bash scripts/device/paired_kernels.sh [BUDGET_MIN]   (default 3 minutes a compare)
 # Writes paired-kernels.log and aa.json / slow.json to OUT (default results/paired-kernels in this repository), the
 # block files, logs and Triton caches under BLOCKS (default results/paired-kernels-blocks).
@@ -18,6 +19,11 @@ BLOCKS=${BLOCKS:-$ROOT/results/paired-kernels-blocks}
 C="timeout $((BUDGET * 60 + 240)) ${PYTHON:-python3} -m b70bench compare --suite moe-down --backend cuda"
 {
   date -u; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+  mkdir -p "$BLOCKS/plan/model"
+  printf 'name = "h200-plan"\nbackend = "cuda"\ndevices = [0]\nmodel = "./model"\nmemory_fraction = 0.9\n' \
+    > "$BLOCKS/plan/cuda.toml"
+  ${PYTHON:-python3} -m b70bench compare HEAD~1 HEAD --stack "$BLOCKS/plan/cuda.toml" --plan
+  echo "plan exit $?"
   for pair in "aa triton-htile triton-htile" "slow triton-htile triton"; do
     set -- $pair
     echo "== $1: A=$2 B=$3"
