@@ -16,6 +16,7 @@ targets, the paired package the measurement.
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import tempfile
@@ -28,6 +29,7 @@ from b70bench.errors import UsageError
 from b70bench.paired import placement as placements
 from b70bench.paired import sides, stopping
 from b70bench.paired.blocks import SIDES, Side
+from b70bench.serve import server
 from b70bench.stack import description, environment, shapes
 from b70bench.stack import model as decode_model
 
@@ -84,7 +86,7 @@ def plan_lines(args, stack: description.Stack, dev, where: str, why: str) -> lis
     if args.suite == "moe-down":
         lines.append(f"  each side: python -m b70bench.moe.live (kernel, tp {args.tp}, {args.tokens} tokens)")
     else:
-        module = "vllm.entrypoints.openai.api_server" if args.suite == "serve" else "b70bench.decode.live"
+        module = server.Server.module if args.suite == "serve" else pair.Engine.module
         spec = stack.engine_spec(args.shape)
         lines.append(
             f"  each side: python -m {module}: model {spec['model']}, tp {spec['tp']}, "
@@ -92,11 +94,12 @@ def plan_lines(args, stack: description.Stack, dev, where: str, why: str) -> lis
             f"memory share {spec['memory_fraction'] or 'default'}, "
             f"engine args {spec['engine_args'] or '-'}; start timeout {stack.start_timeout_s:g} s"
         )
-        base = pair.engine_env(stack, backend, {})
+        base = pair.engine_env(stack, backend)
         for s in SIDES:
             side = Side(s, Path(f"<out>/overlay-{s}"), sides.paired_cache_dir() / f"vllm-cache-{s}")
             env = sides.side_env(environment.child_env(base, side.cache_root, stack.embedded, None), side, backend)
-            shown = {k: v for k, v in sorted(env.items()) if k != "PYTHONPATH"}
+            # What differs from this shell's environment (PYTHONPATH: the side's overlay, then this checkout).
+            shown = {k: v for k, v in sorted(env.items()) if k != "PYTHONPATH" and os.environ.get(k) != v}
             lines.append(
                 f"  side {s} environment (set by b70bench and the stack): "
                 + " ".join(f"{k}={v}" for k, v in shown.items())
