@@ -315,7 +315,7 @@ def load(path: str | os.PathLike) -> Stack:
     bad_env = [k for k, v in kw.get("env", {}).items() if not isinstance(v, str | int | float | bool)]
     if bad_env:
         raise _bad(path, f"env.{bad_env[0]} should be a string")
-    return Stack(**kw, source=str(path))
+    return Stack(**kw, source=str(path.resolve()))
 
 
 def from_env(environ: dict | None = None) -> Stack:
