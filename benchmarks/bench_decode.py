@@ -1,9 +1,9 @@
 """End-to-end vLLM decode per (commit, shape) in setup_cache, many figures.
 
-Walking commits (asv sets ASV_COMMIT): the commit is measured against its git parent the way `b70bench
-compare` measures with --placement auto (on the CPU both engines alive together and calls alternating; on a
-GPU or XPU one engine at a time), in blocks of fresh engines until decided or B70BENCH_DECODE_BUDGET_MIN
-(default paired.stopping.DEFAULT_BUDGET_MIN) is spent (B70BENCH_DECODE_ROUNDS paired rounds a block, default
+Walking commits (ASV_COMMIT, or B70BENCH_COMMIT from `b70bench revisions`): the commit is measured against its
+git parent the way `b70bench compare` measures with --placement auto (both engines alive together, calls
+alternating, where two fit; else one engine at a time), in blocks of fresh engines until decided or
+B70BENCH_DECODE_BUDGET_MIN (default paired.stopping.DEFAULT_BUDGET_MIN) is spent (B70BENCH_DECODE_ROUNDS paired rounds a block, default
 decode.pair.DEFAULT_ROUNDS). Each block is one sample: this commit's median seconds per output token (the
 plotted figure) and its B/A against the parent (track_ratio_to_parent, what the website's verdict is read
 from), with the minutes and calls it took. B70BENCH_DECODE_PAIRED=0 (the Makefile's `make bench`) measures
@@ -43,6 +43,7 @@ from .common import (
     stack_and_device,
     stack_param,
     value,
+    walked_commit,
     whole_from_env,
 )
 
@@ -83,7 +84,7 @@ def _rounds() -> int:
 
 def _paired_summary(shape: str, dev, stack) -> dict:
     """One shape of this commit against its parent (paired.sides.against_parent) as the figures asv tracks."""
-    commit = os.environ["ASV_COMMIT"]
+    commit = walked_commit()
     repo = Path(os.environ.get("ASV_CONF_DIR") or ".")
     out_dir = decode_model.cache_root() / "asv-paired" / commit[:12] / shape
     res = sides.against_parent(

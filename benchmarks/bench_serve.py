@@ -8,12 +8,12 @@ the website; E2E is the one to read at 1-4 requests on a small CPU, where the AP
 bursts and TPOT reads ~0 (docs/serve.md). Goodput and output tok/s are tracked for people to read. A start
 whose gate failed gives no speed samples.
 
-Walking commits (asv sets ASV_COMMIT): each level is measured against the commit's git parent the way
-`b70bench compare --suite serve` measures with --placement auto (both servers alive together on the CPU, levels
-alternating; one at a time on a GPU or XPU), in blocks of fresh servers until decided or B70BENCH_SERVE_BUDGET_MIN
-(per level, default paired.stopping.DEFAULT_BUDGET_MIN) is
-spent, B70BENCH_SERVE_ROUNDS rounds a block (default serve.pair.DEFAULT_ROUNDS). Each block is one sample: this
-commit's median E2E (the plotted figure) and its B/A to the parent (track_ratio_to_parent, what the website's
+Walking commits (ASV_COMMIT, or B70BENCH_COMMIT from `b70bench revisions`): each level is measured against the
+commit's git parent the way `b70bench compare --suite serve` measures with --placement auto (both servers alive
+together, levels alternating, where two fit; else one at a time), in blocks of fresh servers until decided or
+B70BENCH_SERVE_BUDGET_MIN (per level, default paired.stopping.DEFAULT_BUDGET_MIN) is spent,
+B70BENCH_SERVE_ROUNDS rounds a block (default serve.pair.DEFAULT_ROUNDS). Each block is one sample: this commit's
+median E2E (the plotted figure) and its B/A to the parent (track_ratio_to_parent, what the website's
 verdict on E2E is read from), with the minutes and levels it took. B70BENCH_SERVE_PAIRED=0 (`make bench`)
 measures separate starts instead, as above. B70BENCH_STACK names the stack file (docs/stacks.md), as for decode.
 """
@@ -37,6 +37,7 @@ from .common import (
     stack_and_device,
     stack_param,
     value,
+    walked_commit,
     whole_from_env,
 )
 
@@ -66,7 +67,7 @@ def _starts() -> int:
 def _paired_level(concurrency: int, backend: str, stack) -> dict:
     """One level of this commit against its parent (paired.sides.against_parent with serve's pairing), as the
     figures asv tracks: per block, this commit's median E2E and its B/A to the parent."""
-    commit = os.environ["ASV_COMMIT"]
+    commit = walked_commit()
     res = sides.against_parent(
         Path(os.environ.get("ASV_CONF_DIR") or "."),
         commit,

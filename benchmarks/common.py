@@ -81,11 +81,17 @@ def budget_s_from_env(name: str, default_min: float, least_min: float) -> float:
     return value * 60
 
 
+def walked_commit() -> str | None:
+    """The commit asv is measuring: ASV_COMMIT in an environment asv built; in an existing one (`b70bench
+    revisions`, which asv gives no ASV_COMMIT) B70BENCH_COMMIT, which revisions sets per commit."""
+    return os.environ.get("ASV_COMMIT") or os.environ.get("B70BENCH_COMMIT") or None
+
+
 def paired_walk(dev, switch: str) -> bool:
-    """Walking commits (asv sets ASV_COMMIT): measure each against its git parent in blocks, placed as `compare`'s
+    """Walking commits (walked_commit()): measure each against its git parent in blocks, placed as `compare`'s
     auto places them (together on the CPU, one process at a time on a GPU or XPU), unless the switch variable is 0
     (`make bench`, one commit: per-start samples)."""
-    return bool(os.environ.get("ASV_COMMIT")) and os.environ.get(switch) != "0"
+    return bool(walked_commit()) and os.environ.get(switch) != "0"
 
 
 def placement_code(summary: dict):

@@ -187,3 +187,18 @@ def test_revisions_refuses_a_gpu_stack_on_an_environment_without_that_device(tmp
     got = b70bench("revisions", "HEAD", "--stack", str(path))
     assert got.returncode == 2 and "has no xpu device (a CPU build?)" in got.stderr, got.stderr
     assert got.stderr.count("\n") == 1
+
+
+def test_a_revisions_walk_pairs_each_commit_as_asv_does(monkeypatch):
+    """asv gives an existing environment no ASV_COMMIT; `revisions` sets B70BENCH_COMMIT per commit, and the adapters
+    pair on it as on ASV_COMMIT (they measured separate starts there before)."""
+    sys.path.insert(0, str(ROOT))
+    from benchmarks import common
+
+    monkeypatch.delenv("ASV_COMMIT", raising=False)
+    monkeypatch.delenv("B70BENCH_COMMIT", raising=False)
+    assert not common.paired_walk(None, "B70BENCH_DECODE_PAIRED")
+    monkeypatch.setenv("B70BENCH_COMMIT", "ab" * 20)
+    assert common.walked_commit() == "ab" * 20 and common.paired_walk(None, "B70BENCH_DECODE_PAIRED")
+    monkeypatch.setenv("B70BENCH_DECODE_PAIRED", "0")
+    assert not common.paired_walk(None, "B70BENCH_DECODE_PAIRED")
