@@ -4,8 +4,8 @@ Walking commits (ASV_COMMIT, or B70BENCH_COMMIT from `b70bench revisions`): the 
 git parent the way `b70bench compare` measures with --placement auto (both engines alive together, calls
 alternating, where two fit; else one engine at a time), in blocks of fresh engines until decided or
 B70BENCH_DECODE_BUDGET_MIN (default paired.stopping.DEFAULT_BUDGET_MIN) is spent (B70BENCH_DECODE_ROUNDS paired
-rounds a block, default decode.pair.DEFAULT_ROUNDS). Each block is one sample: this commit's median seconds per output token (the
-plotted figure) and its B/A against the parent (track_ratio_to_parent, what the website's verdict is read
+rounds a block, default decode.pair.DEFAULT_ROUNDS). Each block is one sample: this commit's median seconds per
+output token (the plotted figure) and its B/A against the parent (track_ratio_to_parent, what the website's verdict is read
 from), with the minutes and calls it took. B70BENCH_DECODE_PAIRED=0 (the Makefile's `make bench`) measures
 separate starts instead, as below.
 
