@@ -1,13 +1,13 @@
 """End-to-end vLLM decode per (commit, shape) in setup_cache, many figures.
 
-Walking commits (ASV_COMMIT, or B70BENCH_COMMIT from `b70bench revisions`): the commit is measured against its
-git parent the way `b70bench compare` measures with --placement auto (both engines alive together, calls
-alternating, where two fit; else one engine at a time), in blocks of fresh engines until decided or
-B70BENCH_DECODE_BUDGET_MIN (default paired.stopping.DEFAULT_BUDGET_MIN) is spent (B70BENCH_DECODE_ROUNDS paired
-rounds a block, default decode.pair.DEFAULT_ROUNDS). Each block is one sample: this commit's median seconds per
-output token (the plotted figure) and its B/A against the parent (track_ratio_to_parent, what the website's verdict is read
-from), with the minutes and calls it took. B70BENCH_DECODE_PAIRED=0 (the Makefile's `make bench`) measures
-separate starts instead, as below.
+Walking commits (ASV_COMMIT, or B70BENCH_COMMIT from `b70bench revisions`): the commit is measured against its git
+parent the way `b70bench compare` measures with --placement auto (both engines alive together, calls alternating,
+where two fit; else one engine at a time), in blocks of fresh engines until decided or B70BENCH_DECODE_BUDGET_MIN
+(default paired.stopping.DEFAULT_BUDGET_MIN) is spent (B70BENCH_DECODE_ROUNDS paired rounds a block, default
+decode.pair.DEFAULT_ROUNDS). Each block is one sample: this commit's median seconds per output token (the plotted
+figure) and its B/A against the parent (track_ratio_to_parent, what the website's verdict is read from), with the
+minutes and calls it took. B70BENCH_DECODE_PAIRED=0 (the Makefile's `make bench`) measures separate starts instead,
+as below.
 
 Seconds per output/total token drive regression detection (asv only knows lower-is-better): their
 samples are one figure per start (the fastest timed call of that start), so asv's interval and
