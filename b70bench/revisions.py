@@ -148,7 +148,13 @@ def walk(walker: Walker, commits: list[str], asv_args: list[str], run_benchmarks
                     out(f"  apply failed (nothing changed): {row['error']}")
                     continue
                 row["applied"] = True
-                env = dict(os.environ, B70BENCH_COMMIT=commit, **{patches.LOCK_TOKEN_ENV: token})
+                # asv gives an existing environment no ASV_COMMIT: the adapters pair on these (benchmarks/common.py).
+                env = dict(
+                    os.environ,
+                    B70BENCH_COMMIT=commit,
+                    B70BENCH_REPO=str(walker.repo),
+                    **{patches.LOCK_TOKEN_ENV: token},
+                )
                 cmd = asv_command(walker.python, commit, asv_args)
                 out(f"  {shlex.join(cmd)}")
                 row["asv_rc"] = run_benchmarks(cmd, env)

@@ -22,7 +22,6 @@ names a backend this environment lacks is skipped with that reason.
 """
 
 import os
-from pathlib import Path
 
 from b70bench import cachekey, decode, patches
 from b70bench.decode import pair
@@ -44,6 +43,7 @@ from .common import (
     stack_param,
     value,
     walked_commit,
+    walked_repo,
     whole_from_env,
 )
 
@@ -85,7 +85,7 @@ def _rounds() -> int:
 def _paired_summary(shape: str, dev, stack) -> dict:
     """One shape of this commit against its parent (paired.sides.against_parent) as the figures asv tracks."""
     commit = walked_commit()
-    repo = Path(os.environ.get("ASV_CONF_DIR") or ".")
+    repo = walked_repo()
     out_dir = decode_model.cache_root() / "asv-paired" / commit[:12] / shape
     res = sides.against_parent(
         repo,

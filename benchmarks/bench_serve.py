@@ -19,7 +19,6 @@ measures separate starts instead, as above. B70BENCH_STACK names the stack file 
 """
 
 import os
-from pathlib import Path
 
 from b70bench import patches, serve, stats
 from b70bench.paired import sides, stopping
@@ -38,6 +37,7 @@ from .common import (
     stack_param,
     value,
     walked_commit,
+    walked_repo,
     whole_from_env,
 )
 
@@ -69,7 +69,7 @@ def _paired_level(concurrency: int, backend: str, stack) -> dict:
     figures asv tracks: per block, this commit's median E2E and its B/A to the parent."""
     commit = walked_commit()
     res = sides.against_parent(
-        Path(os.environ.get("ASV_CONF_DIR") or "."),
+        walked_repo(),
         commit,
         patches.Env(),
         decode_model.cache_root() / "asv-paired-serve" / commit[:12] / f"c{concurrency}",

@@ -2,6 +2,7 @@
 
 import math
 import os
+from pathlib import Path
 
 from b70bench.errors import UsageError
 
@@ -85,6 +86,12 @@ def walked_commit() -> str | None:
     """The commit asv is measuring: ASV_COMMIT in an environment asv built; in an existing one (`b70bench
     revisions`, which asv gives no ASV_COMMIT) B70BENCH_COMMIT, which revisions sets per commit."""
     return os.environ.get("ASV_COMMIT") or os.environ.get("B70BENCH_COMMIT") or None
+
+
+def walked_repo() -> Path:
+    """The repository whose commits are walked: B70BENCH_REPO from `b70bench revisions` (its --repo), else asv's
+    configuration directory (ASV_CONF_DIR, which asv sets in the environments it builds), else here."""
+    return Path(os.environ.get("B70BENCH_REPO") or os.environ.get("ASV_CONF_DIR") or ".")
 
 
 def paired_walk(dev, switch: str) -> bool:
