@@ -36,7 +36,7 @@ from asv.plugins.regressions import Regressions
 from asv.publishing import OutputPublisher
 from asv.results import iter_results
 
-from b70bench import stats, verdicts
+from b70bench import stats, verdicts, walklog
 from b70bench.figures import measured, measured_samples
 from b70bench.paired import placement
 
@@ -283,6 +283,7 @@ class Verdicts(OutputPublisher):
                 decided.add(name)
                 for v in decided_here:
                     v.subject = git.info(v.commit)[1]
+                    v.machine = graph.params.get("machine")
                 rows += [(name, graph_params, idx, v) for v in decided_here]
                 if jumps:
                     levels = {c: x for c, (s, val) in mine.items() if (x := _level(s, val)) is not None}
@@ -299,6 +300,10 @@ class Verdicts(OutputPublisher):
                 conf, benchmarks, data["regressions"], revisions, {r: h for h, r in revisions.items()}
             )
         rules = tuple(dict.fromkeys(v.rule for *_rest, v in rows)) or (verdicts.PAIRED, verdicts.UNPAIRED)
+        # Commits whose source trees did not build (b70bench revisions): shown as such, never as a slowdown.
+        failed = walklog.failed_builds(conf.results_dir)
+        for row in failed.values():
+            row["subject"] = git.info(row["commit"])[1]
         util.write_json(
             os.path.join(conf.html_dir, "b70bench-verdicts.json"),
             {
@@ -310,9 +315,10 @@ class Verdicts(OutputPublisher):
                 "decided": list(DECIDED),
                 "withdrawn": list(WITHDRAWN),
                 "verdicts": [_row_json(n, p, v) for n, p, _j, v in rows],
+                "failed_builds": [_build_json(row) for row in failed.values()],
             },
         )
-        _write_note(conf.html_dir, level, min_effect, floor, rows, conf.hash_length)
+        _write_note(conf.html_dir, level, min_effect, floor, rows, conf.hash_length, list(failed.values()))
         _write_feed(conf, benchmarks, results, rows)
 
 
@@ -338,9 +344,35 @@ def _row_json(name: str, params: dict, v: verdicts.Verdict) -> dict:
         "calls": v.calls,
         "minutes": v.minutes,
         "placement": v.placement,
+        "machine": v.machine,
         "before": v.before,
         "after": v.after,
     }
+
+
+def _build_json(row: dict) -> dict:
+    build = row.get("build") or {}
+    return {
+        "commit": row["commit"],
+        "subject": row.get("subject"),
+        "machine": row.get("machine"),
+        "tree": build.get("tree"),
+        "command": build.get("command"),
+        "exit": build.get("exit"),
+        "tail": build.get("tail", []),
+    }
+
+
+def _failed_build_row(row: dict, hash_length: int) -> str:
+    b = _build_json(row)
+    last = (b["tail"] or ["(no output)"])[-1]
+    return (
+        f"<tr><td>build of {html.escape(os.path.basename(b['tree'] or '-'))}</td><td><code>"
+        f"{b['commit'][:hash_length]}</code> {html.escape(b['subject'] or '-')}</td><td>-</td><td>-</td>"
+        f"<td><b>failed build</b>: <code>{html.escape(b['command'] or '-')}</code> exit {b['exit']}; "
+        f"<code>{html.escape(last)}</code></td><td>not measured</td><td>-</td>"
+        f"<td>{html.escape(b['machine'] or '-')}</td></tr>"
+    )
 
 
 def _against(v: verdicts.Verdict, hash_length: int) -> str:
@@ -371,8 +403,10 @@ def _samples(v: verdicts.Verdict, name: str) -> str:
     return text + (f", {v.calls} {_timed_word(name)}s a side" if v.calls is not None else "")
 
 
-def _write_note(html_dir: str, level: float, min_effect: float, floor: float, rows, hash_length: int) -> None:
-    """Put the rule and the verdict table above the regressions table of index.html."""
+def _write_note(
+    html_dir: str, level: float, min_effect: float, floor: float, rows, hash_length: int, failed: list | None = None
+) -> None:
+    """Put the rule and the verdict table (and the walk's failed builds) above the regressions table of index.html."""
     body = []
     for name, _params, _j, v in rows:
         r = v.ratio
@@ -381,8 +415,10 @@ def _write_note(html_dir: str, level: float, min_effect: float, floor: float, ro
         body.append(
             f"<tr><td>{html.escape(name)}</td><td><code>{v.commit[:hash_length]}</code> "
             f"{html.escape(v.subject or '-')}</td><td>{_against(v, hash_length)}</td><td>{figures}</td>"
-            f"<td><b>{html.escape(v.text)}</b></td><td>{_samples(v, name)}</td><td>{minutes}</td></tr>"
+            f"<td><b>{html.escape(v.text)}</b></td><td>{_samples(v, name)}</td><td>{minutes}</td>"
+            f"<td>{html.escape(v.machine or '-')}</td></tr>"
         )
+    body += [_failed_build_row(row, hash_length) for row in failed or []]
     rules = tuple(dict.fromkeys(v.rule for *_rest, v in rows)) or (verdicts.PAIRED, verdicts.UNPAIRED)
     decided_by = " and ".join(f"the {rule} rule" for rule in rules)
     note = (
@@ -394,7 +430,8 @@ def _write_note(html_dir: str, level: float, min_effect: float, floor: float, ro
         f"fresh vLLM start. Throughput figures are not listed (asv reads every rise as a regression; their "
         f"verdict is the seconds figure's), nor the paired measurement's ratio, minutes and calls.</p>"
         f'<table class="table table-condensed"><thead><tr><th>figure</th><th>commit</th><th>against</th>'
-        f"<th>ratio [{level:.0%} interval]</th><th>verdict</th><th>samples</th><th>minutes</th></tr></thead>"
+        f"<th>ratio [{level:.0%} interval]</th><th>verdict</th><th>samples</th><th>minutes</th><th>machine</th>"
+        f"</tr></thead>"
         f"<tbody>{''.join(body)}</tbody></table></div>"
     )
     index = os.path.join(html_dir, "index.html")

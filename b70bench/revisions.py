@@ -11,6 +11,7 @@ for the whole walk. A Ctrl-C restores before exiting; after a hard kill,
 from __future__ import annotations
 
 import os
+import platform
 import shlex
 import subprocess
 import sys
@@ -18,41 +19,13 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from b70bench import patches
+from b70bench import patches, state, walklog
 from b70bench.errors import UsageError
+from b70bench.history import commits_in, export_patches, git
+from b70bench.paired import stopping
 from b70bench.stack import description
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def git(repo: Path, *args: str, binary: bool = False):
-    done = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, timeout=120)
-    if done.returncode != 0:
-        raise UsageError(f"git {' '.join(args)} failed in {repo}: {done.stderr.decode(errors='replace').strip()}")
-    return done.stdout if binary else done.stdout.decode().strip()
-
-
-def commits_in(repo: Path, spec: str) -> list[str]:
-    """Commits of a range (A..B, oldest first, first-parent) or a single commit."""
-    if ".." in spec:
-        out = git(repo, "rev-list", "--reverse", "--first-parent", spec)
-        commits = out.split()
-    else:
-        commits = [git(repo, "rev-parse", "--verify", f"{spec}^{{commit}}")]
-    if not commits:
-        raise UsageError(f"range {spec} holds no commits: write it as OLD..NEW (OLD excluded) or name one commit")
-    return commits
-
-
-def export_patches(repo: Path, commit: str, dest: Path) -> Path:
-    """That commit's patches/ directory, written to dest (empty when the commit has none)."""
-    dest.mkdir(parents=True, exist_ok=True)
-    names = git(repo, "ls-tree", "-r", "--name-only", commit, "--", "patches/").split("\n")
-    for name in filter(None, names):
-        target = dest / Path(name).relative_to("patches")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(git(repo, "show", f"{commit}:{name}", binary=True))
-    return dest
 
 
 def env_prefix(python: str) -> Path:
@@ -113,9 +86,75 @@ def asv_command(python: str, commit: str, asv_args: list[str]) -> list[str]:
     ]
 
 
-def walk(walker: Walker, commits: list[str], asv_args: list[str], run_benchmarks=None, out=print) -> list[dict]:
-    """Apply, benchmark, restore per commit; returns one row per commit. Restores on any exit."""
+def shard(commits: list[str], spec: str | None) -> list[str]:
+    """The commits of shard K/N (1-based): every Nth commit from the Kth, so each machine gets old and new ones.
+    Each verdict needs only its commit and that commit's parent, so shards are independent."""
+    if not spec:
+        return commits
+    k, _, n = spec.partition("/")
+    if not (k.isdigit() and n.isdigit() and 1 <= int(k) <= int(n)):
+        raise UsageError(f"--shard {spec!r}: write K/N with 1 <= K <= N, e.g. --shard 2/3 for the second of three")
+    return commits[int(k) - 1 :: int(n)]
+
+
+def dist_only(pdir: Path, ps: patches.PatchSet, dest: Path) -> Path:
+    """A copy of the series without its source-tree patches: those are built into copies (patches.trees), never
+    applied to the user's tree."""
+    dest.mkdir(parents=True, exist_ok=True)
+    keep = [p for p in ps.patches if p.target.kind == "dist"]
+    for p in keep:
+        (dest / p.name).parent.mkdir(parents=True, exist_ok=True)
+        (dest / p.name).write_bytes(p.data)
+    (dest / "series").write_text("".join(f"{p.name}\n" for p in keep))
+    return dest
+
+
+def build_trees(ps: patches.PatchSet, builds: Path | None, out=print) -> list[str]:
+    """The series' source trees built (or found built) for this commit; their import paths, first first."""
+    groups = patches.trees.by_tree(ps.patches)
+    return [
+        path
+        for tree, (command, group) in groups.items()
+        for path in patches.trees.build(tree, group, command, builds, out=out).python_path()
+    ]
+
+
+@dataclass
+class Record:
+    """Where a walk records each finished commit (walklog) and what makes two walks of a commit the same."""
+
+    file: Path | None = None
+    inputs: dict | None = None  # asv arguments and stack; the commit and patch set are added per commit
+
+    def finished(self, commit: str, patch_set_hash: str) -> dict | None:
+        if self.file is None:
+            return None
+        return walklog.finished(walklog.read(self.file), self._key(commit, patch_set_hash))
+
+    def add(self, row: dict) -> None:
+        if self.file is not None:
+            walklog.append(self.file, {**row, **self._key(row["commit"], row["patch_set_hash"])})
+
+    def _key(self, commit: str, patch_set_hash: str) -> dict:
+        return {**(self.inputs or {}), "commit": commit, "patch_set_hash": patch_set_hash}
+
+
+def walk(
+    walker: Walker,
+    commits: list[str],
+    asv_args: list[str],
+    run_benchmarks=None,
+    out=print,
+    record: Record | None = None,
+    builds: Path | None = None,
+) -> list[dict]:
+    """Build, apply, benchmark, restore per commit; returns one row per commit. Restores on any exit.
+
+    A commit whose series patches source trees gets built copies of them (patches.trees; cached): the benchmarks
+    import those (ASV_PYTHONPATH), the user's trees are only read. A failed build is recorded and the walk goes on;
+    a commit the record holds as finished for the same inputs is skipped (an interrupted walk resumes)."""
     run_benchmarks = run_benchmarks or (lambda cmd, env: subprocess.run(cmd, env=env, cwd=walker.repo).returncode)
+    record = record or Record()
     rows = []
     with (
         patches.env_lock(walker.env, f"b70bench revisions over {len(commits)} commits") as token,
@@ -132,6 +171,7 @@ def walk(walker: Walker, commits: list[str], asv_args: list[str], run_benchmarks
             row = {
                 "commit": commit,
                 "patch_set_hash": None,
+                "outcome": None,
                 "applied": False,
                 "asv_rc": None,
                 "restored": False,
@@ -139,10 +179,33 @@ def walk(walker: Walker, commits: list[str], asv_args: list[str], run_benchmarks
             }
             rows.append(row)
             pdir = export_patches(walker.repo, commit, Path(tmp) / commit / "patches")
-            row["patch_set_hash"] = patches.load(pdir).hash
-            out(f"[{i}/{len(commits)}] {commit[:10]}: applying patch set {row['patch_set_hash']}")
             try:
-                done = walker.patches_cmd("apply", "--dir", str(pdir), "--commit", commit, token=token)
+                ps = patches.load(pdir)
+            except UsageError as err:
+                row["error"] = str(err)
+                out(f"[{i}/{len(commits)}] {commit[:10]}: its series cannot be read (nothing changed): {err}")
+                continue
+            row["patch_set_hash"] = ps.hash
+            done = record.finished(commit, ps.hash)
+            if done is not None:
+                row.update(outcome=done["outcome"], asv_rc=done.get("asv_rc"), error=done.get("error"), skipped=True)
+                out(f"[{i}/{len(commits)}] {commit[:10]}: {done['outcome']} before with the same inputs: skipped")
+                continue
+            out(f"[{i}/{len(commits)}] {commit[:10]}: patch set {row['patch_set_hash']}")
+            try:
+                paths = build_trees(ps, builds, out=lambda line: out(f"  {line}"))
+            except patches.trees.BuildFailed as err:
+                row.update(outcome=walklog.BUILD_FAILED, error=str(err), build=err.record)
+                out(f"  build failed, not measured: {err}")
+                record.add(row)
+                continue
+            except UsageError as err:
+                row["error"] = str(err)
+                out(f"  cannot build (nothing changed): {err}")
+                continue
+            try:
+                applied = dist_only(pdir, ps, Path(tmp) / commit / "dist")
+                done = walker.patches_cmd("apply", "--dir", str(applied), "--commit", commit, token=token)
                 if done.returncode != 0:
                     row["error"] = (done.stderr.strip() or done.stdout.strip()).splitlines()[-1]
                     out(f"  apply failed (nothing changed): {row['error']}")
@@ -155,9 +218,13 @@ def walk(walker: Walker, commits: list[str], asv_args: list[str], run_benchmarks
                     B70BENCH_REPO=str(walker.repo),
                     **{patches.LOCK_TOKEN_ENV: token},
                 )
+                if paths:  # asv drops PYTHONPATH from what it runs; ASV_PYTHONPATH is how it lets one through
+                    env["ASV_PYTHONPATH"] = os.pathsep.join([*paths, *filter(None, [env.get("ASV_PYTHONPATH")])])
                 cmd = asv_command(walker.python, commit, asv_args)
                 out(f"  {shlex.join(cmd)}")
                 row["asv_rc"] = run_benchmarks(cmd, env)
+                row["outcome"] = walklog.MEASURED
+                record.add(row)
             finally:
                 back = walker.restore(token)
                 row["restored"] = back.returncode == 0
@@ -183,6 +250,57 @@ def check_backend(python: str, stack: description.Stack) -> None:
         )
 
 
+def ensure_machine(repo: Path, machine: str) -> None:
+    """asv's machine file knows machine (`asv machine --yes`), so `asv run --machine` asks nothing."""
+    known = Path(os.path.expanduser("~/.asv-machine.json"))
+    if known.exists() and f'"{machine}"' in known.read_text():
+        return
+    done = subprocess.run(
+        [sys.executable, "-m", "asv", "machine", "--yes", "--machine", machine],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    if done.returncode != 0:
+        raise UsageError(f"asv machine --machine {machine} failed: {(done.stderr or done.stdout).strip()[-300:]}")
+
+
+def plan_lines(walker: Walker, commits: list[str], record: Record, builds: Path | None, header: str) -> list[str]:
+    """What the walk will do, before it does anything: per commit its trees to build and whether it is finished."""
+    lines = [header]
+    counts = {"to build": 0, "cached": 0, "failed before": 0}
+    with tempfile.TemporaryDirectory(prefix="b70bench-plan-") as tmp:
+        for commit in commits:
+            subject = git(walker.repo, "log", "-1", "--format=%s", commit)[:48]
+            try:
+                ps = patches.load(export_patches(walker.repo, commit, Path(tmp) / commit))
+            except UsageError as err:
+                lines.append(f"  {commit[:10]}  {subject:48}  series unreadable: {err}")
+                continue
+            done = record.finished(commit, ps.hash)
+            if done is not None:
+                lines.append(f"  {commit[:10]}  {subject:48}  {done['outcome']} before: skipped")
+                continue
+            states = []
+            for tree, (command, group) in patches.trees.by_tree(ps.patches).items():
+                try:
+                    state = patches.trees.planned(tree, group, command, builds)
+                except UsageError as err:
+                    state = f"unusable ({err})"
+                counts[state] = counts.get(state, 0) + 1
+                states.append(f"{Path(tree).name}: {state}")
+            lines.append(f"  {commit[:10]}  {subject:48}  {'; '.join(states) or 'no source trees'}")
+    decode_min = os.environ.get("B70BENCH_DECODE_BUDGET_MIN") or f"{stopping.DEFAULT_BUDGET_MIN:g}"
+    serve_min = os.environ.get("B70BENCH_SERVE_BUDGET_MIN") or f"{stopping.DEFAULT_BUDGET_MIN:g}"
+    lines.append(
+        f"builds: {counts['to build']} to build, {counts['cached']} cached, {counts['failed before']} failed before; "
+        f"each commit's paired suites spend at most {decode_min} min a decode shape (B70BENCH_DECODE_BUDGET_MIN) "
+        f"and {serve_min} min a serve level (B70BENCH_SERVE_BUDGET_MIN)"
+    )
+    return lines
+
+
 def run(args) -> int:
     python = args.python or sys.executable
     walker = Walker(python, Path(args.repo).resolve(), args.site_dir, args.prefix)
@@ -192,22 +310,36 @@ def run(args) -> int:
         return done.returncode
     if not args.range:
         raise UsageError("name a range (OLD..NEW) or a commit, or pass --restore")
-    commits = commits_in(walker.repo, args.range)
+    every = commits_in(walker.repo, args.range)
+    commits = shard(every, args.shard)
     asv_args = shlex.split(args.asv_args or "")
+    stack_hash = None
     if args.stack:
         stack = description.load(args.stack)  # a bad file is refused before anything is applied
         check_backend(python, stack)
         os.environ[description.ENV_VAR] = stack.source  # the asv adapters read it in asv's processes
-    rows = walk(walker, commits, asv_args)
+        stack_hash = stack.hash()
+    machine = args.machine or platform.node()
+    results = state.asv_results_dir(walker.repo)
+    record = Record(walklog.path(results, machine), {"asv_args": asv_args, "stack": stack_hash})
+    where = f"shard {args.shard} ({len(commits)} of {len(every)} commits)" if args.shard else f"{len(commits)} commits"
+    for line in plan_lines(walker, commits, record, None, f"plan: {where} on machine {machine}, results in {results}"):
+        print(line)
+    if args.plan:
+        return 0
+    ensure_machine(walker.repo, machine)
+    rows = walk(walker, commits, [*asv_args, "--machine", machine], record=record)
     print()
-    print(f"{'commit':10}  {'patch set':16}  applied  asv  restored  error")
+    print(f"{'commit':10}  {'patch set':16}  {'outcome':13}  asv  restored  error")
     for r in rows:
         print(
-            f"{r['commit'][:10]:10}  {r['patch_set_hash'] or '-':16}  {'yes' if r['applied'] else 'no':7}  "
+            f"{r['commit'][:10]:10}  {r['patch_set_hash'] or '-':16}  {r['outcome'] or '-':13}  "
             f"{'-' if r['asv_rc'] is None else r['asv_rc']:>3}  {'yes' if r['restored'] else 'no':8}  "
             f"{r['error'] or ''}"
         )
-    return 0 if all(r["applied"] and r["asv_rc"] == 0 for r in rows) else 1
+    failed_build = any(r["outcome"] == walklog.BUILD_FAILED for r in rows)
+    ok = all(r["outcome"] in (walklog.MEASURED, walklog.BUILD_FAILED) and r["asv_rc"] in (0, None) for r in rows)
+    return 0 if ok and not failed_build else 1
 
 
 def register(sub) -> None:
@@ -229,6 +361,19 @@ def register(sub) -> None:
     )
     p.add_argument("--asv-args", default="", help='extra arguments for asv run, e.g. "--bench Decode -a repeat=3"')
     p.add_argument("--restore", action="store_true", help="only restore the environment (after an interrupted walk)")
+    p.add_argument(
+        "--shard",
+        metavar="K/N",
+        default=None,
+        help="walk only every Nth commit from the Kth (1-based): one shard a machine; each verdict needs only its "
+        "commit and its parent, so shards are independent (docs/source-builds.md)",
+    )
+    p.add_argument(
+        "--machine",
+        default=None,
+        help="asv machine name the results go under (default: this host's name); one per machine of a sharded walk",
+    )
+    p.add_argument("--plan", action="store_true", help="print the plan (commits, builds, budgets) and run nothing")
     p.add_argument(
         "--repo", default=str(ROOT), help="the git repository whose commits carry patches/ (default: this checkout)"
     )

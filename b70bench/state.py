@@ -46,9 +46,10 @@ def pins_path() -> Path:
     return home() / "cache-key-pins.json"
 
 
-def asv_results_dir() -> Path:
-    """The project's asv results_dir (asv.conf.json, relative to the project), else results/asv here."""
-    project = project_dir() or Path.cwd()
+def asv_results_dir(project: Path | None = None) -> Path:
+    """The asv project's results_dir (asv.conf.json, relative to the project; default: project_dir()), else
+    results/asv there."""
+    project = project or project_dir() or Path.cwd()
     try:
         text = (project / CONF).read_text()
         # asv.conf.json allows // comments; none of its strings holds "//" at a line's start.

@@ -72,6 +72,7 @@ class Verdict:
     rule: str = UNPAIRED
     notes: list[str] = field(default_factory=list)
     placement: str | None = None
+    machine: str | None = None  # the asv machine whose results decided it (filled by the asv plugin)
 
     @property
     def verdict(self) -> str:

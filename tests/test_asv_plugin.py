@@ -24,7 +24,7 @@ import pytest
 from gitrepo import git
 from test_verdicts import START_CV
 
-from b70bench import stats
+from b70bench import stats, walklog
 from b70bench.paired import placement
 
 COLS = [
@@ -130,6 +130,7 @@ def project(
     nan_sample=False,
     withheld=None,
     placement=None,
+    build_failed=None,
 ):
     """Six commits, their result files (8 starts each at START_CV around `levels`), `asv publish`.
 
@@ -171,6 +172,12 @@ def project(
         if i == withheld:  # the gate failed: bench_decode withholds the speed (NaN, no samples)
             samples = [math.nan] * 8
             extra = {**extra, **{name: (math.nan, None) for name in (RATIO, RATIO_SE, MINUTES, CALLS) if paired}}
+        if i == build_failed:  # b70bench revisions measured nothing and recorded the failed build
+            record = {"tree": "/src/scaler", "command": "make -C csrc", "exit": 2, "tail": ["work.c:3: error: x"]}
+            walklog.append(
+                walklog.path(results, "box"), {"commit": c, "outcome": walklog.BUILD_FAILED, "build": record}
+            )
+            continue
         write_result(results / "box", c, 1_000 + i, samples, 1.0 if i >= 3 else 0.0, record_samples, extra)
     conf = {
         "version": 1,
@@ -450,3 +457,21 @@ def test_each_paired_verdict_says_its_placement(tmp_path):
     page = (html / "index.html").read_text()
     note = page[page.index('id="b70bench-verdicts"') : page.index("</table></div>")]
     assert note.count("8 blocks (alternate), 48 calls a side") == 5, note
+
+
+def test_a_failed_build_is_shown_as_such_with_its_command(tmp_path):
+    """A commit whose source tree did not build (revisions' walk record): a "failed build" row with the command,
+    exit and last line and the machine, never a verdict; the commits around it keep theirs."""
+    rng = random.Random(5)
+    blocks = lambda centre: [centre * math.exp(rng.gauss(0, BLOCK_SD)) for _ in range(8)]  # noqa: E731
+    paired = {i: (blocks(NOOP), 30.0, 48) for i in (1, 2, 4, 5)}
+    html, commits = project(tmp_path, [1.0] * 6, paired=paired, build_failed=3)
+    data = json.loads((html / "b70bench-verdicts.json").read_text())
+    assert [b["commit"] for b in data["failed_builds"]] == [commits[3]]
+    assert data["failed_builds"][0]["machine"] == "box" and data["failed_builds"][0]["exit"] == 2
+    assert commits[3] not in {v["commit"] for v in data["verdicts"]}
+    assert {v["machine"] for v in data["verdicts"]} == {"box"}
+    page = (html / "index.html").read_text()
+    note = page[page.index('id="b70bench-verdicts"') : page.index("</table></div>")]
+    assert "<b>failed build</b>: <code>make -C csrc</code> exit 2; <code>work.c:3: error: x</code>" in note, note
+    assert "slower" not in note

@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import fakedist  # noqa: E402
 from gitrepo import git  # noqa: E402
 
-from b70bench import patches, revisions  # noqa: E402
+from b70bench import patches, revisions, walklog  # noqa: E402
 from b70bench.errors import UsageError  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -176,3 +176,102 @@ def test_range_without_commits_is_a_usage_error(setup):
     walker, repo, site = setup
     with pytest.raises(UsageError, match="holds no commits"):
         revisions.commits_in(repo, "HEAD..HEAD")
+
+
+BUILD = "python3 -c \"import kernel; open('built.txt', 'w').write(str(kernel.TILE))\""
+
+
+def tree_patch(repo: Path, tree: Path, new: str, build: str = BUILD) -> None:
+    p = fakedist.write_patch(repo / "patches", "tile.patch", f"tree:{tree}", "TILE = 64\n", new, "kernel.py")
+    p.write_text(p.read_text().replace("\n\n---", f"\nB70bench-Build: {build}\n\n---", 1))
+
+
+@pytest.fixture
+def tree_history(setup, tmp_path):
+    """Four commits over a source tree: a tiling (builds), a Python-only change beside it, a tiling whose build
+    fails, a tiling that builds again."""
+    walker, repo, site = setup
+    tree = tmp_path / "scaler"
+    tree.mkdir()
+    (tree / "kernel.py").write_text("TILE = 64\n")
+    git(tree, "init", "-q")
+    git(tree, "add", ".")
+    git(tree, "commit", "-qm", "base")
+    subprocess.run(["git", "-C", str(repo), "rm", "-q", "patches/03-stale.patch"], check=True)
+    (repo / "patches" / "series").write_text("01-swap.patch\n02-norm.patch\n")
+    steps = [
+        ("tile 128", "TILE = 128\n", BUILD),
+        ("python only", "TILE = 128\n", BUILD),
+        ("broken build", "TILE = 256\n", "echo 'kernel.c:1: error: tile' >&2; exit 2"),
+        ("tile 256", "TILE = 256\n", BUILD),
+    ]
+    for subject, new, build in steps:
+        (repo / "patches" / "series").write_text("01-swap.patch\n02-norm.patch\n")
+        if subject == "python only":
+            (repo / "patches" / "README").write_text("a note beside the series\n")
+        tree_patch(repo, tree, new, build)
+        git(repo, "add", "-A")
+        git(repo, "commit", "-qm", subject)
+    return walker, repo, tree, revisions.commits_in(repo, "HEAD~4..HEAD")
+
+
+def test_walk_builds_tree_copies_records_a_failed_build_and_resumes(tree_history, tmp_path):
+    walker, repo, tree, commits = tree_history
+    before = {p.name: p.read_bytes() for p in tree.iterdir() if p.is_file()}
+    seen = {}
+
+    def fake_asv(cmd, env):
+        # What asv's processes import: the commit's built copy, first on ASV_PYTHONPATH.
+        first = env["ASV_PYTHONPATH"].split(os.pathsep)[0]
+        seen[cmd[cmd.index("--set-commit-hash") + 1]] = (Path(first) / "built.txt").read_text()
+        return 0
+
+    record = revisions.Record(tmp_path / "results" / "box" / "b70bench-walk.jsonl", {"asv_args": []})
+    rows = revisions.walk(
+        walker, commits, [], run_benchmarks=fake_asv, out=lambda *a: None, record=record, builds=tmp_path / "builds"
+    )
+    assert [r["outcome"] for r in rows] == ["measured", "measured", "build failed", "measured"]
+    assert seen == {commits[0]: "128", commits[1]: "128", commits[3]: "256"}
+    assert rows[2]["build"]["tail"] == ["kernel.c:1: error: tile"] and rows[2]["asv_rc"] is None
+    assert len(list((tmp_path / "builds").glob("*/.b70bench-built.json"))) == 2  # commit 2 reused commit 1's build
+    assert {p.name: p.read_bytes() for p in tree.iterdir() if p.is_file()} == before
+    assert walklog.failed_builds(tmp_path / "results")[commits[2]]["machine"] == "box"
+    # Walked again (an interrupted walk resumed): every commit finished before is skipped.
+    again = revisions.walk(
+        walker,
+        commits,
+        [],
+        run_benchmarks=lambda c, e: pytest.fail("measured twice"),
+        out=lambda *a: None,
+        record=record,
+        builds=tmp_path / "builds",
+    )
+    assert all(r.get("skipped") for r in again)
+    # Other asv arguments are other inputs: measured again.
+    other = revisions.Record(record.file, {"asv_args": ["--bench", "Decode"]})
+    assert not any(other.finished(c, r["patch_set_hash"]) for c, r in zip(commits, rows, strict=True))
+
+
+def test_shards_split_a_walk_into_independent_parts(tree_history):
+    _walker, _repo, _tree, commits = tree_history
+    parts = [revisions.shard(commits, f"{k}/3") for k in (1, 2, 3)]
+    assert sorted(c for p in parts for c in p) == sorted(commits) and all(parts)
+    assert parts[0] == [commits[0], commits[3]]
+    for bad in ("0/2", "3/2", "2", "a/b"):
+        with pytest.raises(UsageError, match="--shard .* write K/N"):
+            revisions.shard(commits, bad)
+
+
+def test_plan_names_each_commits_builds_and_runs_nothing(tree_history, tmp_path):
+    walker, repo, _tree, commits = tree_history
+    cmd = [sys.executable, "-m", "b70bench", "revisions", "HEAD~4..HEAD", "--plan", "--repo", str(repo)]
+    cmd += ["--site-dir", walker.site_dir, "--prefix", str(walker.prefix), "--machine", "rig-a", "--shard", "1/2"]
+    env = dict(os.environ, B70BENCH_CACHE=str(tmp_path / "cache"))
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("plan: shard 1/2 (2 of 4 commits) on machine rig-a"), lines
+    assert [ln.split()[0] for ln in lines[1:3]] == [commits[0][:10], commits[2][:10]]
+    assert all("scaler: to build" in ln for ln in lines[1:3]) and lines[3].startswith("builds: 2 to build")
+    assert not (tmp_path / "cache").exists()  # nothing built, nothing applied
+    assert patches.read_journal(walker.env) is None

@@ -11,7 +11,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from b70bench import patches, revisions
+from b70bench import history, patches
 from b70bench.errors import UsageError
 from b70bench.paired.blocks import SIDES, Side
 from b70bench.stack import model as decode_model
@@ -30,7 +30,8 @@ def side_env(env: dict, side: Side, backend: str) -> dict:
     Triton cache of its own beside its vLLM cache (two revisions of a kernel must not share compiled binaries)."""
     env = dict(env)
     if side.overlay is not None:
-        env["PYTHONPATH"] = os.pathsep.join([str(side.overlay), *filter(None, [env.get("PYTHONPATH")])])
+        paths = patches.overlay.python_path(side.overlay)
+        env["PYTHONPATH"] = os.pathsep.join([*paths, *filter(None, [env.get("PYTHONPATH")])])
     if backend != "cpu" and side.cache_root is not None:
         env["TRITON_CACHE_DIR"] = str(Path(side.cache_root) / "triton")
     return env
@@ -44,13 +45,13 @@ def resolve_side(repo: Path, spec: str, dest: Path) -> tuple[Path, str]:
             raise UsageError(f"{spec} has no 'series' file: pass a patches directory or a commit")
         return path.resolve(), str(path)
     try:
-        commit = revisions.git(repo, "rev-parse", "--verify", "--quiet", f"{spec}^{{commit}}")
+        commit = history.git(repo, "rev-parse", "--verify", "--quiet", f"{spec}^{{commit}}")
     except UsageError:
         raise UsageError(
             f"{spec!r} is neither a commit of {repo} nor a directory with a series file: "
             f"name a commit (`git log --oneline`) or a patches directory"
         ) from None
-    return revisions.export_patches(repo, commit, dest), commit[:12]
+    return history.export_patches(repo, commit, dest), commit[:12]
 
 
 def build_sides(dirs: dict[str, Path], env: patches.Env, out_dir: Path, cache_dir: Path | None) -> dict[str, Side]:
@@ -65,6 +66,8 @@ def build_sides(dirs: dict[str, Path], env: patches.Env, out_dir: Path, cache_di
         except UsageError as err:
             if created is not None:  # refused before anything ran: leave no directory behind
                 shutil.rmtree(created, ignore_errors=True)
+            if isinstance(err, patches.trees.BuildFailed):
+                raise  # its record goes to the walk's results as a failed build
             raise UsageError(f"side {s} ({dirs[s]}): {err}") from None
         sides[s] = Side(s, ov, (cache_dir or out_dir) / f"vllm-cache-{s}")
     return sides
@@ -74,27 +77,30 @@ def against_parent(repo: Path, commit: str, env: patches.Env, out_dir: Path, mea
     """measure(dirs, env, out_dir, **kw) of a commit's series (B) against its parent's (A): the walk's verdict per
     commit (measure: decode.pair.compare_series or serve.pair.compare_series).
 
-    A parent whose series does not apply (a broken commit in the history) is skipped for the nearest
-    first-parent ancestor whose series does; the result names the one used ("parent") and the skipped.
+    A parent whose series does not apply, or whose source trees do not build (a broken commit in the history), is
+    skipped for the nearest first-parent ancestor whose series does; the result names the one used ("parent") and
+    the skipped.
     """
     skipped = []
     with tempfile.TemporaryDirectory(prefix="b70bench-parent-") as tmp:
-        dirs = {"B": revisions.export_patches(repo, commit, Path(tmp) / "B")}
+        dirs = {"B": history.export_patches(repo, commit, Path(tmp) / "B")}
         parent = commit
         while True:
             try:
-                parent = revisions.git(repo, "rev-parse", "--verify", "--quiet", f"{parent}^")
+                parent = history.git(repo, "rev-parse", "--verify", "--quiet", f"{parent}^")
             except UsageError:
                 raise UsageError(
                     f"{commit[:12]} has no ancestor in {repo} whose series applies"
                     + (f" (skipped {', '.join(s[:12] for s in skipped)})" if skipped else "")
                     + ": the oldest commit of a history has nothing to be compared with"
                 ) from None
-            dirs["A"] = revisions.export_patches(repo, parent, Path(tmp) / f"A-{parent[:12]}")
+            dirs["A"] = history.export_patches(repo, parent, Path(tmp) / f"A-{parent[:12]}")
             try:
-                patches.plan(
-                    patches.load(dirs["A"], allow_missing=True), env, read=patches.overlay.installed_reader(env)
-                )
+                ps = patches.load(dirs["A"], allow_missing=True)
+                dist = patches.PatchSet(ps.directory, [p for p in ps.patches if p.target.kind == "dist"])
+                patches.plan(dist, env, read=patches.overlay.installed_reader(env))
+                for tree, (command, group) in patches.trees.by_tree(ps.patches).items():
+                    patches.trees.build(tree, group, command)  # cached; a parent whose build fails is skipped
                 break
             except UsageError:
                 skipped.append(parent)

@@ -18,10 +18,11 @@ applied patch-set hash goes to b70bench.fingerprint.PATCH_STATE_FILE, where ever
 fingerprint picks it up. A lock refuses two runs on one environment at once.
 
 One module per reason to change: series (the file format), versions (constraints), installed
-(RECORD), plan (the checks), lock, journal (apply/restore), status, cli (both command lines).
+(RECORD), plan (the checks), lock, journal (apply/restore), status, overlay (a private copy per process),
+trees (built copies of source trees), cli (both command lines).
 """
 
-from b70bench.patches import overlay  # noqa: E402  (after journal and plan, which it uses)
+from b70bench.patches import overlay, trees  # noqa: E402  (after journal and plan, which they use)
 from b70bench.patches.installed import (
     ALIASES,
     STATE_NAME,
@@ -64,6 +65,7 @@ __all__ = [
     "restore",
     "sha256_file",
     "status",
+    "trees",
     "verify_distribution",
     "version_matches",
 ]

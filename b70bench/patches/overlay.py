@@ -9,8 +9,9 @@ as it lives (`b70bench compare` and the decode asv adapter start them side by si
 
 The original bytes come from the environment's journal backups where the environment itself has
 a series applied (an asv environment holds the commit it measures), so an overlay is always the
-installed package plus exactly its own series. Only distribution targets can be overlaid; a
-source-tree target (llm-scaler built in place) has to be applied to the environment instead.
+installed package plus exactly its own series. A source-tree target (llm-scaler, a vLLM checkout) gets a built
+copy of its own instead (patches.trees: HEAD plus the series' patches, built by the tree's build command, cached);
+python_path(dest) puts those copies ahead of the overlay.
 """
 
 from __future__ import annotations
@@ -19,13 +20,14 @@ import os
 import shutil
 from pathlib import Path
 
-from b70bench.errors import UsageError
+from b70bench.patches import trees
 from b70bench.patches.installed import Env
 from b70bench.patches.journal import read_journal
 from b70bench.patches.plan import plan
-from b70bench.patches.series import load
+from b70bench.patches.series import PatchSet, load
 
 MANIFEST = "b70bench-overlay.txt"
+TREES = "b70bench-trees.txt"  # one built copy's import path per line, first on PYTHONPATH
 
 
 def installed_reader(env: Env):
@@ -79,22 +81,22 @@ def _place(root: Path, dest: Path, rel: str, data: bytes | None) -> None:
         target.write_bytes(data)
 
 
-def build(series_dir: str | os.PathLike, env: Env, dest: str | os.PathLike) -> Path:
-    """dest holding the installed packages a series touches, patched; returns dest (for PYTHONPATH)."""
+def build(series_dir: str | os.PathLike, env: Env, dest: str | os.PathLike, builds: Path | None = None) -> Path:
+    """dest holding the installed packages a series touches, patched, and naming the built copies of the source
+    trees it patches (built into the cache `builds` where not built before); returns dest for python_path().
+    Raises trees.BuildFailed when a tree's build fails, UsageError when the series does not apply."""
     dest = Path(dest)
     if dest.exists():
         shutil.rmtree(dest)
     dest.mkdir(parents=True)
     ps = load(series_dir, allow_missing=True)
     read, journal = _pristine_reader(env)
-    changes = plan(ps, env, read=read)
+    dist_only = PatchSet(ps.directory, [p for p in ps.patches if p.target.kind == "dist"])
+    changes = plan(dist_only, env, read=read)
+    built = [trees.build(tree, group, command, builds) for tree, (command, group) in trees.by_tree(ps.patches).items()]
+    (dest / TREES).write_text("".join(f"{path}\n" for b in built for path in b.python_path()))
     files: dict[tuple[Path, str], bytes | None] = {}
     for ch in changes:
-        if ch.resolved.target.kind != "dist":
-            raise UsageError(
-                f"{ch.resolved.target.label} is a source tree: a series for it cannot run beside another; "
-                f"apply it to the environment (`b70bench patches apply`) instead"
-            )
         files[(ch.resolved.root, ch.rel)] = ch.patched
     # Files the environment's own series changed and this one does not: their installed bytes.
     for e in journal.get("files", []):
@@ -107,3 +109,10 @@ def build(series_dir: str | os.PathLike, env: Env, dest: str | os.PathLike) -> P
         f"patch set {ps.hash}\n" + "".join(f"{rel}\n" for (_root, rel) in sorted(files, key=lambda k: k[1]))
     )
     return dest
+
+
+def python_path(dest: str | os.PathLike) -> list[str]:
+    """What a side's process puts first on PYTHONPATH: its trees' built copies, then its overlay."""
+    dest = Path(dest)
+    listed = (dest / TREES).read_text().splitlines() if (dest / TREES).exists() else []
+    return [*filter(None, listed), str(dest)]

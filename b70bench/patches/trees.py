@@ -1,0 +1,268 @@
+"""Source-tree targets as built copies: each (tree revision, patches, build command) built once, outside the tree.
+
+A series that patches a source tree (`B70bench-Target: tree:PATH` with a `B70bench-Build:` command) is never applied
+to the user's checkout for a measurement: two sides need two builds alive at once, and a kill mid-build would leave
+the checkout half-patched. Instead the tree's HEAD is exported (`git archive`, which reads only git's object store),
+the series' patches for that tree are applied to the copy and the build command runs there. The copy is kept in the
+build cache under a key of (HEAD, the patches' bytes, the build command), so a commit walked again, or a parent
+that was the previous commit, is not rebuilt. A copy is built in a temporary sibling and renamed into place only
+after its build succeeded: a kill at any point leaves nothing that is ever imported. A failed build is recorded
+beside the copies (command, exit status, last lines of its log) and raised as BuildFailed; the same inputs fail
+again without rebuilding until the record is removed (`rm` it, or change the patch or command).
+
+The build runs in the copy with B70BENCH_SITE=COPY/.b70bench-site in its environment, so a build that installs
+(`pip install --no-deps --no-build-isolation --target "$B70BENCH_SITE" .`) installs into the copy, not into the
+environment both sides share; an in-place build (`python setup.py build_ext --inplace`, `make`) needs nothing.
+A side's engine gets COPY and COPY/.b70bench-site first on PYTHONPATH (python_path).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import io
+import json
+import os
+import shutil
+import subprocess
+import tarfile
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from b70bench import unidiff
+from b70bench.errors import UsageError
+from b70bench.patches.series import Patch
+from b70bench.records import atomic_write_text
+
+SITE_DIR = ".b70bench-site"  # inside a copy: where an installing build puts its packages
+SITE_ENV = "B70BENCH_SITE"
+DONE = ".b70bench-built.json"  # written last into a copy: the build succeeded
+BUILD_TIMEOUT_ENV = "B70BENCH_BUILD_TIMEOUT_S"
+BUILD_TIMEOUT_S = 3600.0  # a lab's SYCL kernels build for tens of minutes
+LOG_TAIL_LINES = 30
+
+
+class BuildFailed(UsageError):
+    """A tree's build command failed; `record` holds what the website and the walk show."""
+
+    def __init__(self, record: dict):
+        self.record = record
+        super().__init__(
+            f"build of {record['tree']} failed (exit {record['exit']}) in {record['copy']}: {record['command']}; "
+            f"last line: {(record['tail'] or ['(no output)'])[-1]} (fix it in a later commit; to build these inputs "
+            f"again, remove {record['copy']}.failed.json)"
+        )
+
+
+@dataclass(frozen=True)
+class Built:
+    tree: str  # the user's tree the copy was made from
+    key: str
+    path: Path  # the built copy
+
+    def python_path(self) -> list[str]:
+        return [str(self.path), str(self.path / SITE_DIR)]
+
+
+def cache_dir() -> Path:
+    from b70bench.stack.model import cache_root  # the one cache root (B70BENCH_CACHE)
+
+    return cache_root() / "builds"
+
+
+def _git(tree: Path, *args: str, binary: bool = False):
+    # --no-optional-locks: asking must not refresh the tree's index, or the tree's .git would change under a walk.
+    done = subprocess.run(["git", "--no-optional-locks", "-C", str(tree), *args], capture_output=True, timeout=300)
+    if done.returncode != 0:
+        raise UsageError(
+            f"source tree {tree}: git {args[0]} failed ({done.stderr.decode(errors='replace').strip()}): "
+            f"a tree target must be a git checkout"
+        )
+    return done.stdout if binary else done.stdout.decode().strip()
+
+
+def tree_head(tree: Path) -> str:
+    """The commit a copy of tree is made from; refused in one line where tracked files differ from it (the copy
+    would silently leave those edits out)."""
+    if not tree.is_dir():
+        raise UsageError(f"source tree {tree} does not exist: clone it there or fix the B70bench-Target line")
+    head = _git(tree, "rev-parse", "--verify", "HEAD^{commit}")
+    dirty = _git(tree, "status", "--porcelain", "--untracked-files=no")
+    if dirty:
+        first = dirty.splitlines()[0].split(maxsplit=1)[-1]
+        raise UsageError(
+            f"source tree {tree} has uncommitted changes ({first}, ...): builds are made from its HEAD, "
+            f"so commit or stash them (or put them in a patch of the series)"
+        )
+    return head
+
+
+def build_key(head: str, tree_patches: list[Patch], command: str | None) -> str:
+    h = hashlib.sha256(head.encode() + b"\0" + (command or "").encode() + b"\0")
+    for p in tree_patches:
+        h.update(p.name.encode() + b"\0" + hashlib.sha256(p.data).digest())
+    return h.hexdigest()[:16]
+
+
+def _export(tree: Path, head: str, dest: Path) -> None:
+    data = _git(tree, "archive", "--format=tar", head, binary=True)
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        tar.extractall(dest, filter="tar")
+
+
+def _apply(copy: Path, tree_patches: list[Patch]) -> None:
+    for p in tree_patches:
+        for fd in p.files:
+            path = copy / fd.path
+            try:
+                new = unidiff.apply(path.read_bytes() if path.exists() else None, fd)
+            except unidiff.PatchError as err:
+                raise UsageError(f"patch {p.name} does not apply to the HEAD of {p.target.name}: {err}") from None
+            if new is None:
+                path.unlink()
+            else:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_bytes(new)
+
+
+def _run(command: str, cwd: Path, log: Path, timeout_s: float) -> int:
+    """The build command in its own process group, output to log; the whole group is reaped on a timeout or an
+    interrupt, so no compiler outlives the walk."""
+    from b70bench.stack.process import kill_group
+
+    env = dict(os.environ, **{SITE_ENV: str(cwd / SITE_DIR)})
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            command, shell=True, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        try:
+            return proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            out.write(f"\nb70bench: build timed out after {timeout_s:.0f} s ({BUILD_TIMEOUT_ENV})\n".encode())
+            return 124
+        finally:
+            kill_group(proc.pid, grace_s=5.0)
+            proc.wait()
+
+
+def _tail(log: Path) -> list[str]:
+    try:
+        return log.read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:]
+    except OSError:
+        return []
+
+
+@contextlib.contextmanager
+def _locked(path: Path):
+    """One builder per key at a time (two sides, or two walks, needing the same copy wait for the first)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _remove_stale(cache: Path, key: str) -> None:
+    """Temporary copies that killed builds left: key's own (the caller holds its lock) and any other key's whose
+    lock no one holds (a build in progress keeps its lock, so its copy stays)."""
+    for tmp in cache.glob(".*.*"):
+        other = tmp.name[1:].split(".", 1)[0]
+        if not tmp.is_dir():
+            continue
+        if other == key:
+            shutil.rmtree(tmp, ignore_errors=True)
+            continue
+        with open(cache / f"{other}.lock", "a") as fh:
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue
+            shutil.rmtree(tmp, ignore_errors=True)
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def failed_record(cache: Path, key: str) -> dict | None:
+    try:
+        return json.loads((cache / f"{key}.failed.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def build(tree: str, tree_patches: list[Patch], command: str | None, cache: Path | None = None, out=print) -> Built:
+    """The built copy of tree at its HEAD with tree_patches applied; cached; raises BuildFailed (recorded) or a
+    UsageError (the tree or a patch is unusable: nothing is recorded, since nothing was built)."""
+    cache = Path(cache) if cache else cache_dir()
+    root = Path(tree)
+    head = tree_head(root)
+    key = build_key(head, tree_patches, command)
+    final = cache / key
+    with _locked(cache / f"{key}.lock"):
+        if (final / DONE).exists():
+            return Built(tree, key, final)
+        failed = failed_record(cache, key)
+        if failed is not None:
+            raise BuildFailed(failed)
+        _remove_stale(cache, key)
+        tmp = Path(tempfile.mkdtemp(dir=cache, prefix=f".{key}."))
+        try:
+            _export(root, head, tmp)
+            _apply(tmp, tree_patches)
+            (tmp / SITE_DIR).mkdir(exist_ok=True)
+            log = cache / f"{key}.log"
+            if command:
+                timeout_s = float(os.environ.get(BUILD_TIMEOUT_ENV) or BUILD_TIMEOUT_S)
+                out(f"b70bench: building {root} at {head[:12]} + {len(tree_patches)} patch(es): {command}")
+                t0 = time.monotonic()
+                rc = _run(command, tmp, log, timeout_s)
+                if rc != 0:
+                    record = {
+                        "tree": tree,
+                        "head": head,
+                        "key": key,
+                        "patches": [p.name for p in tree_patches],
+                        "command": command,
+                        "exit": rc,
+                        "seconds": round(time.monotonic() - t0, 1),
+                        "copy": str(final),
+                        "log": str(log),
+                        "tail": _tail(log),
+                    }
+                    atomic_write_text(cache / f"{key}.failed.json", json.dumps(record, indent=2) + "\n")
+                    raise BuildFailed(record)
+            info = {"tree": tree, "head": head, "patches": [p.name for p in tree_patches], "command": command}
+            (tmp / DONE).write_text(json.dumps(info, indent=2) + "\n")
+            os.rename(tmp, final)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return Built(tree, key, final)
+
+
+def planned(tree: str, tree_patches: list[Patch], command: str | None, cache: Path | None = None) -> str:
+    """What build() would do, without doing it: "cached", "failed before" or "to build" (for a walk's plan)."""
+    cache = Path(cache) if cache else cache_dir()
+    key = build_key(tree_head(Path(tree)), tree_patches, command)
+    if (cache / key / DONE).exists():
+        return "cached"
+    return "failed before" if failed_record(cache, key) is not None else "to build"
+
+
+def by_tree(ps_patches: list[Patch]) -> dict[str, tuple[str | None, list[Patch]]]:
+    """A series' tree patches by tree: (the build command, the patches in series order). Any of a tree's patches may
+    carry its B70bench-Build line; two different ones are refused."""
+    groups: dict[str, tuple[str | None, list[Patch]]] = {}
+    for p in ps_patches:
+        if p.target.kind != "tree":
+            continue
+        command, group = groups.get(p.target.name, (None, []))
+        if p.target.build and command and p.target.build != command:
+            raise UsageError(
+                f"patches of {p.target.name} name two build commands ({command!r}, {p.target.build!r}): "
+                f"keep one B70bench-Build line per tree"
+            )
+        groups[p.target.name] = (p.target.build or command, [*group, p])
+    return groups
