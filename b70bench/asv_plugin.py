@@ -360,12 +360,13 @@ def _build_json(row: dict) -> dict:
         "command": build.get("command"),
         "exit": build.get("exit"),
         "tail": build.get("tail", []),
+        "headline": build.get("headline") or (build.get("tail") or [None])[-1],
     }
 
 
 def _failed_build_row(row: dict, hash_length: int) -> str:
     b = _build_json(row)
-    last = (b["tail"] or ["(no output)"])[-1]
+    last = b["headline"] or "(no output)"
     return (
         f"<tr><td>build of {html.escape(os.path.basename(b['tree'] or '-'))}</td><td><code>"
         f"{b['commit'][:hash_length]}</code> {html.escape(b['subject'] or '-')}</td><td>-</td><td>-</td>"

@@ -138,7 +138,8 @@ w = revisions.Walker(sys.executable, Path(sys.argv[1]), sys.argv[2], Path(sys.ar
 def stuck(cmd, env):
     print("BENCHMARKING", flush=True)
     time.sleep(600)
-revisions.walk(w, revisions.commits_in(Path(sys.argv[1]), "HEAD~1"), [], run_benchmarks=stuck)
+revisions.walk(w, revisions.commits_in(Path(sys.argv[1]), sys.argv[4] if sys.argv[4:] else "HEAD~1"), [],
+               run_benchmarks=stuck)
 """
 
 
@@ -275,3 +276,37 @@ def test_plan_names_each_commits_builds_and_runs_nothing(tree_history, tmp_path)
     assert all("scaler: to build" in ln for ln in lines[1:3]) and lines[3].startswith("builds: 2 to build")
     assert not (tmp_path / "cache").exists()  # nothing built, nothing applied
     assert patches.read_journal(walker.env) is None
+
+
+def test_kill_9_mid_measure_of_a_tree_walk_leaves_the_tree_as_it_was(tree_history, tmp_path):
+    """The tree is only read (git archive): a kill -9 while asv measures a commit leaves it byte-identical, and
+    `--restore` puts the environment back."""
+    walker, repo, tree, _commits = tree_history
+    before = {p.name: p.read_bytes() for p in tree.iterdir() if p.is_file()}
+    env = dict(os.environ, B70BENCH_CACHE=str(tmp_path / "cache"))
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HARD_KILL_DRIVER, str(repo), walker.site_dir, str(walker.prefix), "HEAD"],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        line = ""
+        while "BENCHMARKING" not in line and time.monotonic() < deadline and proc.poll() is None:
+            line = proc.stdout.readline()
+        assert "BENCHMARKING" in line, proc.stderr.read() if proc.poll() is not None else "no output"
+        os.killpg(proc.pid, signal.SIGKILL)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+        proc.stdout.close()
+        proc.stderr.close()
+    assert {p.name: p.read_bytes() for p in tree.iterdir() if p.is_file()} == before
+    assert list((tmp_path / "cache" / "builds").glob("*/built.txt"))  # the commit's copy was built, beside the tree
+    assert walker.restore().returncode == 0
+    assert patches.verify_distribution(patches.find_distribution(walker.env, "fakevllm")) == []

@@ -90,6 +90,18 @@ def with_work(text: str, reps: int) -> str:
     )
 
 
+def with_call(text: str, module: str, call: str) -> str:
+    """A call into another package once per decode step, beside the logits (outside the compiled graph): how a
+    model file reaches a compiled piece built from a source tree (tests' fixture: `b70work.spin()`)."""
+    return _edit(
+        text,
+        "        logits = self.logits_processor(self.lm_head, hidden_states)\n",
+        f"        # A compiled piece of a source-built stack, once per decode step.\n"
+        f"        import {module}\n\n"
+        f"        {module}.{call}\n",
+    )
+
+
 def with_graph_work(text: str, reps: int, size: int = WORK_SIZE) -> str:
     """`reps` size x size matrix products per decoder layer and step inside the compiled graph (Dynamo
     traces the layer's forward): their result joins the hidden states times zero, so the tokens stay the

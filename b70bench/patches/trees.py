@@ -52,7 +52,7 @@ class BuildFailed(UsageError):
         self.record = record
         super().__init__(
             f"build of {record['tree']} failed (exit {record['exit']}) in {record['copy']}: {record['command']}; "
-            f"last line: {(record['tail'] or ['(no output)'])[-1]} (fix it in a later commit; to build these inputs "
+            f"{record.get('headline') or '(no output)'} (fix it in a later commit; to build these inputs "
             f"again, remove {record['copy']}.failed.json)"
         )
 
@@ -155,6 +155,12 @@ def _tail(log: Path) -> list[str]:
         return []
 
 
+def headline(tail: list[str]) -> str | None:
+    """The line a reader wants first: the first that says error (a compiler's last lines are often a caret), else
+    the last."""
+    return next((line.strip() for line in tail if "error" in line.lower()), tail[-1].strip() if tail else None)
+
+
 @contextlib.contextmanager
 def _locked(path: Path):
     """One builder per key at a time (two sides, or two walks, needing the same copy wait for the first)."""
@@ -232,6 +238,7 @@ def build(tree: str, tree_patches: list[Patch], command: str | None, cache: Path
                         "log": str(log),
                         "tail": _tail(log),
                     }
+                    record["headline"] = headline(record["tail"])
                     atomic_write_text(cache / f"{key}.failed.json", json.dumps(record, indent=2) + "\n")
                     raise BuildFailed(record)
             info = {"tree": tree, "head": head, "patches": [p.name for p in tree_patches], "command": command}
