@@ -167,3 +167,13 @@ def test_source_walk_names_the_compiled_slowdown_and_shows_the_failed_build(tmp_
     assert mine["python"]["verdict"] in ("no change", "undecided"), why
     assert "broken" not in mine, why
     assert {v["machine"] for v in mine.values()} <= set(machines), why
+    # The page, in a real browser from a real HTTP server: the failed build and each verdict's machine.
+    png = tmp_path / f"source-walk-{shards}.png"
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import asv_screenshot
+
+    dom = asv_screenshot.screenshot(tmp_path / "html", png)  # raises if the site's scripts did not load
+    assert "<b>failed build</b>" in dom and "error" in dom, dom[:3000]
+    assert all(m in dom for m in {v["machine"] for v in mine.values()}), dom[:3000]
+    if keep:
+        shutil.copy2(png, Path(keep) / png.name)

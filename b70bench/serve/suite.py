@@ -34,8 +34,6 @@ DEFAULT_CONCURRENCY = (1, 4, 16)
 SERVED_NAME = "b70bench"
 WAVES = 4
 MIN_REQUESTS = 8
-# KV cache the CPU server gets (VLLM_CPU_KVCACHE_SPACE, GiB): explicit, so every start has the same size.
-CPU_KVCACHE_GIB = "1"
 # The client used this share of a core or more during a level: it, not the server, may have been the limit.
 CLIENT_LIMIT_SHARE = 0.5
 # Gauges and counters kept from /metrics after each level (vLLM's names; absent ones are left out).
@@ -134,8 +132,10 @@ def server_env(base: dict, backend: str, cache_root: Path | None, stack: Stack) 
     """A server start's environment: the stack's, then the CPU's settings where the stack set none."""
     env = stack.process_env(base, backend)
     if backend == "cpu":
-        env.setdefault("VLLM_CPU_KVCACHE_SPACE", CPU_KVCACHE_GIB)
-        env.setdefault("KMP_BLOCKTIME", "5")  # OpenMP threads sleep between steps instead of spinning 200 ms
+        # The paired engines' CPU settings (a fixed KV cache, OpenMP threads sleeping between steps): a server is
+        # measured beside another as often as alone.
+        for k, v in environment.PAIRED_CPU_ENGINE_ENV.items():
+            env.setdefault(k, v)
         preload = environment.cpu_preload()
         if preload and "LD_PRELOAD" not in env:
             env["LD_PRELOAD"] = preload
