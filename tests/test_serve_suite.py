@@ -145,7 +145,9 @@ def test_summary_rows_and_records_for_dashboards():
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["--slo", "ttft=5"], "unknown key 'ttft'"),
+        (["--slo", "itl_ms=5"], "unknown key 'itl'"),
+        (["--goodput", "ttft:soon"], "needs a number of milliseconds"),
+        (["--goodput", "e2el:0"], "must be above 0 ms"),
         (["--slo", "tpot_ms=fast"], "needs a number of milliseconds"),
         (["--rate", "1.5"], "a fraction of the measured capacity"),
         (["--concurrency", "0"], "1 or more"),

@@ -16,7 +16,7 @@ from b70bench import device as devmod
 from b70bench.cachekey import artifacts
 from b70bench.errors import UsageError
 from b70bench.fingerprint import dist_version, fingerprint
-from b70bench.serve import server, suite
+from b70bench.serve import metrics, server, suite
 from b70bench.stack import description, gate, shapes, tokenizer
 from b70bench.stack import model as modelmod
 
@@ -28,22 +28,26 @@ def _median(values):
     return stats.quantile(values, 0.5)
 
 
-def parse_slo(text: str | None) -> dict:
-    """'ttft_ms=500,tpot_ms=50' -> {"ttft_ms": 500.0, "tpot_ms": 50.0}."""
-    if not text:
-        return {}
+def parse_slo(text: str | None, goodput: list[str] | None = None) -> dict:
+    """SLOs in vLLM's names and milliseconds, {"ttft": .., "tpot": .., "e2el": ..}, from `--goodput ttft:500
+    tpot:50` as `vllm bench serve` takes it, or b70bench's `--slo ttft_ms=500,tpot_ms=50`."""
+    parts = [(p, ":") for p in goodput or []] + [(p, "=") for p in (text or "").split(",") if p.strip()]
     out = {}
-    for part in text.split(","):
-        key, _, value = part.partition("=")
-        key = key.strip()
-        if key not in ("ttft_ms", "tpot_ms"):
-            raise UsageError(f"--slo {text!r}: unknown key {key!r}; write ttft_ms=N,tpot_ms=N")
+    for part, sep in parts:
+        key, _, value = part.partition(sep)
+        key = key.strip().removesuffix("_ms")
+        flag = "--goodput" if sep == ":" else "--slo"
+        if key not in metrics.SLO_KEYS:
+            raise UsageError(
+                f"{flag} {part!r}: unknown key {key!r}; write ttft, tpot or e2el, e.g. {flag} "
+                + ("ttft:500 tpot:50" if sep == ":" else "ttft_ms=500,tpot_ms=50")
+            )
         try:
             out[key] = float(value)
         except ValueError:
-            raise UsageError(f"--slo {text!r}: {key} needs a number of milliseconds, e.g. {key}=100") from None
+            raise UsageError(f"{flag} {part!r}: {key} needs a number of milliseconds") from None
         if out[key] <= 0:
-            raise UsageError(f"--slo {text!r}: {key} must be above 0")
+            raise UsageError(f"{flag} {part!r}: {key} must be above 0 ms")
     return out
 
 
@@ -165,7 +169,7 @@ def run(args) -> int:
         args.shape,
         concurrency=tuple(sorted(set(args.concurrency))),
         rate=args.rate,
-        slo=parse_slo(args.slo),
+        slo=parse_slo(args.slo, args.goodput),
         anchor_rounds=args.anchor_rounds,
         timeout_s=args.timeout,
         startup_timeout_s=args.startup_timeout or stack.start_timeout_s,
@@ -205,7 +209,14 @@ def register(sub) -> None:
         "--concurrency", type=int, nargs="+", default=list(suite.DEFAULT_CONCURRENCY), help="closed-loop levels"
     )
     p.add_argument("--rate", type=float, default=None, help="add a Poisson level at this fraction of the capacity")
-    p.add_argument("--slo", default=None, help="goodput SLOs, e.g. ttft_ms=500,tpot_ms=50")
+    p.add_argument("--slo", default=None, help="goodput SLOs, e.g. ttft_ms=500,tpot_ms=50 (or --goodput)")
+    p.add_argument(
+        "--goodput",
+        nargs="+",
+        metavar="KEY:MS",
+        default=None,
+        help="goodput SLOs as `vllm bench serve` takes them: ttft:MS tpot:MS e2el:MS",
+    )
     p.add_argument(
         "--anchor-rounds",
         type=int,

@@ -2,7 +2,7 @@
 
 One request = POST /v1/completions with `stream: true`, `ignore_eos: true`, greedy; each server-sent event
 carries the tokens generated since the previous one (one, at decode), so its arrival time is those tokens'.
-Records are what metrics.level() reads: ok, sent_s, token_s, error (and token_ids, for the gate). A closed
+Records are what metrics.level() reads: ok, sent_s, token_s, chunk_s, error (and token_ids, for the gate). A closed
 loop keeps `concurrency` requests in flight until every prompt has been sent (threads: the client's own work
 is a small share of 2 cores, and a thread per request reads each stream as soon as its bytes arrive).
 """
@@ -28,7 +28,7 @@ def completion(port: int, model: str, prompt: list[int], max_tokens: int, timeou
             "return_token_ids": True,
         }
     )
-    rec = {"ok": False, "sent_s": time.monotonic(), "token_s": [], "token_ids": [], "error": None}
+    rec = {"ok": False, "sent_s": time.monotonic(), "token_s": [], "chunk_s": [], "token_ids": [], "error": None}
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout_s)
     try:
         conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
@@ -51,6 +51,8 @@ def completion(port: int, model: str, prompt: list[int], max_tokens: int, timeou
             # A server without token ids in its chunks: one token per chunk that carries text.
             n = len(ids) if ids is not None else int(bool(choice.get("text")))
             rec["token_s"].extend([now] * n)
+            if n:
+                rec["chunk_s"].append(now)  # ITL is per chunk, as vLLM's client records it
             rec["token_ids"].extend(ids or [])
         if not rec["ok"]:
             rec["error"] = "the stream ended without [DONE] (the server closed it)"

@@ -1,69 +1,92 @@
-"""Figures of one load level from per-request records, with vLLM's definitions (`vllm bench serve`).
+"""Figures of one load level from per-request records, with vLLM's definitions (`vllm bench serve`'s
+`calculate_metrics`, which tests/test_serve_metrics.py calls on the same records).
 
-A request record: `ok`, `sent_s` (when it was sent), `token_s` (the arrival time of each output token, as the
-stream delivered it; several tokens in one chunk share a time), all on one monotonic clock.
+A request record: `ok`, `sent_s` (when it was sent), `token_s` (the arrival time of each output token; the tokens
+of one streamed chunk share its time) and `chunk_s` (the arrival time of each chunk that carried tokens), all on one
+monotonic clock.
 
-- TTFT = first token - sent; E2E = last token - sent;
-- TPOT per request = (E2E - TTFT) / (tokens - 1), for requests of two or more tokens;
-- ITL = every gap between consecutive tokens of a request, pooled over requests;
-- output tok/s and request/s over the level's span (first send to last token of the counted requests);
-- goodput: counted requests per second that met every SLO given (TTFT and/or TPOT, in ms).
+- TTFT = first chunk - sent; E2EL = last chunk - sent;
+- TPOT per request = (E2EL - TTFT) / (tokens - 1), for requests of two or more tokens;
+- ITL = the gap before each chunk after the first (one per chunk, not per token), pooled over requests;
+- output tok/s and request/s over the benchmark's duration (the level's wall time, first send to last request
+  done; the span of the records where none is given);
+- goodput: completed requests per second that met every SLO given (`ttft`, `tpot`, `e2el`, in ms; a one-token
+  request's TPOT counts as 0, as vLLM counts it).
 
-Percentiles: median and p90 always; p99 only from 100 values on (below that a p99 is the maximum, and says
-nothing more), otherwise None with the reason in `p99_note`.
+Per figure: mean, std (population), median and the asked percentiles (vLLM's default: 99; linear interpolation,
+as numpy's), and b70bench's p90. A p99 from fewer than 100 values is near the maximum: `p99_note` says so.
 """
 
 from __future__ import annotations
 
+import statistics
+
 from b70bench.stats import quantile
 
 P99_MIN_VALUES = 100
+DEFAULT_PERCENTILES = (99.0,)
+SLO_KEYS = ("ttft", "tpot", "e2el")  # vLLM's --goodput names (ms)
 
 
-def _summary(name: str, values: list[float]) -> dict:
+def percentile_word(p: float) -> str:
+    """p as vLLM writes it in a metric name: 99 -> "99", 99.9 -> "99.9"."""
+    return str(int(p)) if int(p) == p else str(p)
+
+
+def _summary(name: str, values: list[float], percentiles=DEFAULT_PERCENTILES) -> dict:
     out = {f"{name}_n": len(values)}
+    words = [f"p{percentile_word(p)}" for p in percentiles]
     if not values:
-        return out | {f"{name}_median": None, f"{name}_p90": None, f"{name}_p99": None}
+        return out | {f"{name}_{k}": None for k in ("mean", "std", "median", "p90", *words)}
+    out[f"{name}_mean"] = statistics.fmean(values)
+    out[f"{name}_std"] = statistics.pstdev(values)
     out[f"{name}_median"] = quantile(values, 0.5)
     out[f"{name}_p90"] = quantile(values, 0.9)
-    out[f"{name}_p99"] = quantile(values, 0.99) if len(values) >= P99_MIN_VALUES else None
+    for p, word in zip(percentiles, words, strict=True):
+        out[f"{name}_{word}"] = quantile(values, p / 100)
     return out
 
 
 def per_request(rec: dict) -> dict:
-    """ttft_s, e2e_s, tpot_s (None below two tokens), itl_s (list) and tokens of one finished request."""
+    """ttft_s, e2e_s, tpot_s (None below two tokens), itl_s (one gap per chunk) and tokens of one finished request."""
     times = rec.get("token_s") or []
+    chunks = rec.get("chunk_s") or sorted(set(times))
     if not rec.get("ok") or not times:
         return {"ttft_s": None, "e2e_s": None, "tpot_s": None, "itl_s": [], "tokens": len(times)}
-    ttft, e2e = times[0] - rec["sent_s"], times[-1] - rec["sent_s"]
+    ttft, e2e = chunks[0] - rec["sent_s"], chunks[-1] - rec["sent_s"]
     n = len(times)
     return {
         "ttft_s": ttft,
         "e2e_s": e2e,
         "tpot_s": (e2e - ttft) / (n - 1) if n > 1 else None,
-        "itl_s": [b - a for a, b in zip(times, times[1:], strict=False)],
+        "itl_s": [b - a for a, b in zip(chunks, chunks[1:], strict=False)],
         "tokens": n,
     }
 
 
 def meets(req: dict, slo: dict) -> bool:
-    """Whether one request met every SLO in slo ({"ttft_ms": .., "tpot_ms": ..}; absent keys are not checked)."""
+    """Whether one request met every SLO in slo ({"ttft": ms, "tpot": ms, "e2el": ms}; absent keys are not checked).
+    A request of one token has no TPOT: it counts as 0, as in vLLM."""
     if req["ttft_s"] is None:
         return False
-    if "ttft_ms" in slo and req["ttft_s"] * 1e3 > slo["ttft_ms"]:
-        return False
-    if "tpot_ms" in slo and (req["tpot_s"] is None or req["tpot_s"] * 1e3 > slo["tpot_ms"]):
-        return False
-    return True
+    got = {"ttft": req["ttft_s"], "tpot": req["tpot_s"] or 0.0, "e2el": req["e2e_s"]}
+    return all(got[k] * 1e3 <= slo[k] for k in SLO_KEYS if k in slo)
 
 
-def level(records: list[dict], slo: dict | None = None) -> dict:
-    """The figures of one load level from its counted request records (warm-up already trimmed)."""
+def level(
+    records: list[dict], slo: dict | None = None, duration_s: float | None = None, percentiles=DEFAULT_PERCENTILES
+) -> dict:
+    """The figures of one load level from its counted request records (warm-up already trimmed); duration_s: the
+    level's wall time (vLLM's benchmark duration), else the records' span."""
+    slo = {k.removesuffix("_ms"): v for k, v in (slo or {}).items()}  # ttft_ms (b70bench's --slo) is ttft
+    unknown = set(slo) - set(SLO_KEYS)
+    if unknown:
+        raise ValueError(f"unknown SLO keys {sorted(unknown)}: use {', '.join(SLO_KEYS)} (milliseconds)")
     reqs = [per_request(r) for r in records]
     done = [(r, q) for r, q in zip(records, reqs, strict=True) if q["ttft_s"] is not None]
     out = {"requests": len(records), "completed": len(done), "failed": len(records) - len(done)}
     if done:
-        span = max(r["token_s"][-1] for r, _ in done) - min(r["sent_s"] for r, _ in done)
+        span = duration_s or max(r["token_s"][-1] for r, _ in done) - min(r["sent_s"] for r, _ in done)
         tokens = sum(q["tokens"] for _, q in done)
         out["duration_s"] = span
         out["output_tok_per_s"] = tokens / span if span > 0 else None
@@ -77,7 +100,9 @@ def level(records: list[dict], slo: dict | None = None) -> dict:
         ("itl_s", [x for _, q in done for x in q["itl_s"]]),
         ("e2e_s", [q["e2e_s"] for _, q in done]),
     ):
-        out.update(_summary(name, values))
+        out.update(_summary(name, values, percentiles))
     short = [n for n in ("ttft_s", "tpot_s", "e2e_s") if out.get(f"{n}_n", 0) < P99_MIN_VALUES]
-    out["p99_note"] = f"no p99 for {', '.join(short)}: fewer than {P99_MIN_VALUES} values" if short else None
+    out["p99_note"] = (
+        f"p99 of {', '.join(short)} from fewer than {P99_MIN_VALUES} values: near the maximum" if short else None
+    )
     return out

@@ -70,7 +70,7 @@ class Load:
     output_len: int = 128
     concurrency: tuple[int, ...] = DEFAULT_CONCURRENCY
     rate: float | None = None  # a fraction of the measured capacity, for one open-loop level
-    slo: dict = field(default_factory=dict)  # {"ttft_ms": .., "tpot_ms": ..}
+    slo: dict = field(default_factory=dict)  # vLLM's names, ms: {"ttft": .., "tpot": .., "e2el": ..}
     timeout_s: float = 300.0
     open_loop_s: float = 15.0  # the Poisson level's arrivals span about this long
     startup_timeout_s: float = server.HEALTH_TIMEOUT_S
@@ -275,19 +275,24 @@ def run_level(srv: server.Server, load: Load, kind: str, value: float, offset: i
         client.closed_loop(srv.port, SERVED_NAME, prompts_for(c, load.prompt_len, offset), load.output_len, c, **kw)
         prompts = prompts_for(n, load.prompt_len, offset + c)
         with CpuShares(srv) as cpu, MetricsPoller(srv.port) as polled:
+            t0 = time.monotonic()
             recs = client.closed_loop(srv.port, SERVED_NAME, prompts, load.output_len, c, **kw)
+            duration_s = time.monotonic() - t0
     else:
         n = max(MIN_REQUESTS, int(round(value * load.open_loop_s)))
         prompts = prompts_for(n, load.prompt_len, offset)
         with CpuShares(srv) as cpu, MetricsPoller(srv.port) as polled:
+            t0 = time.monotonic()
             recs = open_loop(srv.port, SERVED_NAME, prompts, load.output_len, value, **kw)
-    out = {"kind": kind, kind: value, **metrics.level(recs, load.slo or None)}
+            duration_s = time.monotonic() - t0
+    # Throughputs over the level's wall time, as vLLM divides by its benchmark's duration.
+    out = {"kind": kind, kind: value, **metrics.level(recs, load.slo or None, duration_s)}
     out["client_cpu_share"] = round(cpu.client_share, 3)
     out["server_cpu_share"] = round(cpu.server_share, 3)
     out["client_limited"] = cpu.client_share >= CLIENT_LIMIT_SHARE
     errors = [r["error"] for r in recs if r.get("error")]
     out["error"] = errors[0] if errors else None
-    out["records"] = [{k: r[k] for k in ("ok", "sent_s", "token_s", "error")} for r in recs]
+    out["records"] = [{k: r.get(k) for k in ("ok", "sent_s", "token_s", "chunk_s", "error")} for r in recs]
     out["server_metrics"] = polled.peak
     return out
 
