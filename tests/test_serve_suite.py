@@ -148,6 +148,10 @@ def test_summary_rows_and_records_for_dashboards():
         (["--slo", "itl_ms=5"], "unknown key 'itl'"),
         (["--goodput", "ttft:soon"], "needs a number of milliseconds"),
         (["--goodput", "e2el:0"], "must be above 0 ms"),
+        (["--num-prompts", "0"], "1 or more requests per level"),
+        (["--request-rate", "0"], "requests per second above 0"),
+        (["--percentile-metrics", "ttft,queue"], "choose from ttft,tpot,itl,e2el"),
+        (["--metric-percentiles", "50,101"], "numbers in (0, 100]"),
         (["--slo", "tpot_ms=fast"], "needs a number of milliseconds"),
         (["--rate", "1.5"], "a fraction of the measured capacity"),
         (["--concurrency", "0"], "1 or more"),
@@ -191,3 +195,29 @@ def test_anchor_ratios_pair_rounds_and_a_failing_bench_says_why(tmp_path):
     bad.chmod(0o755)
     got = anchor.run_bench(["--x"], tmp_path / "a.json", dict(os.environ), python=str(bad))
     assert got == {"error": "vllm bench serve exit 3: ValueError: no such dataset"}
+
+
+def test_vllms_flag_names_as_vllm_bench_serve_takes_them(monkeypatch, capsys):
+    """`--input-len --output-len --max-concurrency --num-prompts --request-rate --goodput --percentile-metrics
+    --metric-percentiles --seed`, typed as for `vllm bench serve`, reach the load; the table gets the asked
+    percentile columns."""
+    from b70bench import cli
+
+    seen = {}
+
+    def fake_measure(load, **kw):
+        seen["load"] = load
+        lv = {"kind": "concurrency", "concurrency": 4, "completed": 8, "failed": 0, "ttft_s_p25": 0.01}
+        return [{"levels": [lv], "startup_s": [1.0], "gate": 0, "ok": True}]
+
+    monkeypatch.setattr(serve_cli, "measure", fake_measure)
+    argv = ["serve", "--backend", "cpu", "--input-len", "64", "--output-len", "32", "--max-concurrency", "4", "2"]
+    argv += ["--num-prompts", "20", "--request-rate", "3.5", "--goodput", "ttft:500", "e2el:2000", "--seed", "11"]
+    argv += ["--percentile-metrics", "ttft,e2el", "--metric-percentiles", "25,99.9"]
+    assert cli.main(argv) == 0
+    load = seen["load"]
+    assert (load.prompt_len, load.output_len, load.concurrency) == (64, 32, (2, 4))
+    assert (load.num_prompts, load.request_rate, load.seed) == (20, 3.5, 11)
+    assert load.slo == {"ttft": 500.0, "e2el": 2000.0} and load.percentiles == (25.0, 99.9)
+    out = capsys.readouterr().out
+    assert "p25_ttft_ms" in out and "p99.9_e2el_ms" in out

@@ -51,12 +51,32 @@ def parse_slo(text: str | None, goodput: list[str] | None = None) -> dict:
     return out
 
 
+def parse_percentiles(metrics_text: str, percentiles_text: str) -> tuple[list[str], tuple[float, ...]]:
+    """vLLM's --percentile-metrics (ttft,tpot,itl,e2el) and --metric-percentiles (e.g. 25,50,99)."""
+    names = [m.strip() for m in metrics_text.split(",") if m.strip()]
+    bad = [m for m in names if m not in PERCENTILE_FIGURES]
+    if bad or not names:
+        raise UsageError(f"--percentile-metrics {metrics_text!r}: choose from {','.join(PERCENTILE_FIGURES)}")
+    try:
+        ps = tuple(float(p) for p in percentiles_text.split(",") if p.strip())
+    except ValueError:
+        ps = ()
+    if not ps or not all(0 < p <= 100 for p in ps):
+        raise UsageError(f"--metric-percentiles {percentiles_text!r}: numbers in (0, 100], e.g. 25,50,99")
+    return names, ps
+
+
+# vLLM's percentile metric names -> b70bench's level figure (seconds).
+PERCENTILE_FIGURES = {"ttft": "ttft_s", "tpot": "tpot_s", "itl": "itl_s", "e2el": "e2e_s"}
+
+
 def level_name(lv: dict) -> str:
     return f"c={lv['concurrency']}" if lv["kind"] == "concurrency" else "poisson"
 
 
-def level_rows(starts: list[dict]) -> list[dict]:
-    """One row per level: each figure's median over the starts that completed that level, and the start count."""
+def level_rows(starts: list[dict], percentile_metrics=(), percentiles=()) -> list[dict]:
+    """One row per level: each figure's median over the starts that completed that level, and the start count;
+    p<P>_<metric>_ms columns for the asked percentiles (vLLM's names)."""
     names = list(dict.fromkeys(level_name(lv) for s in starts for lv in s["levels"]))
     rows = []
     for name in names:
@@ -67,6 +87,11 @@ def level_rows(starts: list[dict]) -> list[dict]:
         for fig, _metric, key, scale in suite.LEVEL_FIGURES:
             values = [lv[key] * scale for lv in done if lv.get(key) is not None]
             row[fig] = _median(values) if values else None
+        for m in percentile_metrics:
+            for p in percentiles:
+                word = metrics.percentile_word(p)
+                values = [lv[k] * 1e3 for lv in done if lv.get(k := f"{PERCENTILE_FIGURES[m]}_p{word}") is not None]
+                row[f"p{word}_{m}_ms"] = _median(values) if values else None
         mine = [lv for s in starts for lv in s["levels"] if level_name(lv) == name]
         row["failed_requests"] = sum(lv.get("failed") or 0 for lv in mine)
         row["client_limited"] = any(lv.get("client_limited") for lv in done)
@@ -169,8 +194,19 @@ def run(args) -> int:
         raise UsageError("--timeout and --startup-timeout are seconds above 0")
     if args.anchor_rounds < 0 or args.anchor_rounds == 1:
         raise UsageError(f"--anchor-rounds {args.anchor_rounds}: 0 (off) or 2 or more (an interval needs two)")
-    load = suite.Load.from_shape(
-        args.shape,
+    if args.num_prompts is not None and args.num_prompts < 1:
+        raise UsageError(f"--num-prompts {args.num_prompts}: give 1 or more requests per level")
+    if args.request_rate is not None and not args.request_rate > 0:
+        raise UsageError(f"--request-rate {args.request_rate}: requests per second above 0")
+    percentile_metrics, percentiles = parse_percentiles(args.percentile_metrics, args.metric_percentiles)
+    prompt_len, output_len, _batch = shapes.parse_shape(args.shape)
+    load = suite.Load(
+        prompt_len=args.input_len or prompt_len,
+        output_len=args.output_len or output_len,
+        num_prompts=args.num_prompts,
+        request_rate=args.request_rate,
+        seed=args.seed,
+        percentiles=percentiles,
         concurrency=tuple(sorted(set(args.concurrency))),
         rate=args.rate,
         slo=parse_slo(args.slo, args.goodput),
@@ -189,7 +225,7 @@ def run(args) -> int:
         out_dir=args.out_dir,
         device=dev,
     )
-    rows = level_rows(recs)
+    rows = level_rows(recs, percentile_metrics, percentiles)
     print(records.format_table(rows, list(rows[0]) if rows else ["level"]))
     ups = [r["startup_s"][0] for r in recs if r["startup_s"]]
     if ups:
@@ -209,10 +245,26 @@ def run(args) -> int:
 def register(sub) -> None:
     p = sub.add_parser("serve", help="vLLM's OpenAI server under load: TTFT, TPOT, ITL, goodput per level")
     p.add_argument("--shape", default=suite.DEFAULT_SHAPE, help="prompt and output tokens per request (pPnN)")
+    p.add_argument("--input-len", type=int, default=None, help="prompt tokens per request (vLLM's; beats --shape)")
+    p.add_argument("--output-len", type=int, default=None, help="output tokens per request (vLLM's; beats --shape)")
     p.add_argument(
-        "--concurrency", type=int, nargs="+", default=list(suite.DEFAULT_CONCURRENCY), help="closed-loop levels"
+        "--concurrency",
+        "--max-concurrency",
+        type=int,
+        nargs="+",
+        default=list(suite.DEFAULT_CONCURRENCY),
+        help="closed-loop levels: requests in flight, one level each (default 1 4 16)",
     )
+    p.add_argument(
+        "--num-prompts", type=int, default=None, help="counted requests per level (default max(8, 4 x level))"
+    )
+    p.add_argument("--request-rate", type=float, default=None, help="add a Poisson level at this many requests/s")
     p.add_argument("--rate", type=float, default=None, help="add a Poisson level at this fraction of the capacity")
+    p.add_argument("--seed", type=int, default=suite.ARRIVAL_SEED, help="the Poisson arrivals' seed")
+    p.add_argument(
+        "--percentile-metrics", default="ttft,tpot,itl", help="figures given percentiles (vLLM's: ttft,tpot,itl,e2el)"
+    )
+    p.add_argument("--metric-percentiles", default="99", help="percentiles of those figures (default 99)")
     p.add_argument("--slo", default=None, help="goodput SLOs, e.g. ttft_ms=500,tpot_ms=50 (or --goodput)")
     p.add_argument(
         "--goodput",

@@ -76,6 +76,10 @@ class Load:
     startup_timeout_s: float = server.HEALTH_TIMEOUT_S
     anchor_rounds: int = 0  # rounds of b70bench's client and `vllm bench serve` alternating per closed level
     tokenizer: str | None = None  # the tokenizer the anchor's text prompts need (the server's own)
+    num_prompts: int | None = None  # counted requests per level (vLLM's --num-prompts); None: max(8, 4 x level)
+    request_rate: float | None = None  # an open-loop level at this many requests/s (vLLM's --request-rate)
+    seed: int = ARRIVAL_SEED  # the open loop's arrival times (vLLM's --seed)
+    percentiles: tuple[float, ...] = metrics.DEFAULT_PERCENTILES  # vLLM's --metric-percentiles
 
     @classmethod
     def from_shape(cls, shape: str, **kw) -> Load:
@@ -271,7 +275,7 @@ def run_level(srv: server.Server, load: Load, kind: str, value: float, offset: i
     kw = {"timeout_s": load.timeout_s}
     if kind == "concurrency":
         c = int(value)
-        n = requests_for(c)
+        n = load.num_prompts or requests_for(c)
         client.closed_loop(srv.port, SERVED_NAME, prompts_for(c, load.prompt_len, offset), load.output_len, c, **kw)
         prompts = prompts_for(n, load.prompt_len, offset + c)
         with CpuShares(srv) as cpu, MetricsPoller(srv.port) as polled:
@@ -279,14 +283,14 @@ def run_level(srv: server.Server, load: Load, kind: str, value: float, offset: i
             recs = client.closed_loop(srv.port, SERVED_NAME, prompts, load.output_len, c, **kw)
             duration_s = time.monotonic() - t0
     else:
-        n = max(MIN_REQUESTS, int(round(value * load.open_loop_s)))
+        n = load.num_prompts or max(MIN_REQUESTS, int(round(value * load.open_loop_s)))
         prompts = prompts_for(n, load.prompt_len, offset)
         with CpuShares(srv) as cpu, MetricsPoller(srv.port) as polled:
             t0 = time.monotonic()
-            recs = open_loop(srv.port, SERVED_NAME, prompts, load.output_len, value, **kw)
+            recs = open_loop(srv.port, SERVED_NAME, prompts, load.output_len, value, seed=load.seed, **kw)
             duration_s = time.monotonic() - t0
     # Throughputs over the level's wall time, as vLLM divides by its benchmark's duration.
-    out = {"kind": kind, kind: value, **metrics.level(recs, load.slo or None, duration_s)}
+    out = {"kind": kind, kind: value, **metrics.level(recs, load.slo or None, duration_s, load.percentiles)}
     out["client_cpu_share"] = round(cpu.client_share, 3)
     out["server_cpu_share"] = round(cpu.server_share, 3)
     out["client_limited"] = cpu.client_share >= CLIENT_LIMIT_SHARE
@@ -334,6 +338,8 @@ def one_start(make_server, load: Load, out=print, anchor_dir: Path | None = None
     rec: dict = {"ok": False, "levels": [], "startup_s": [], "gate_sha256": None, "error": None}
     srv = None
     levels = [("concurrency", c) for c in load.concurrency]
+    if load.request_rate:
+        levels.append(("rate", load.request_rate))
     try:
         srv = make_server()
         rec["startup_s"].append(srv.start(load.startup_timeout_s))
