@@ -1,7 +1,7 @@
 """The serve suite (`b70bench serve`): the environment's own `vllm serve` under closed-loop (and Poisson) load.
 
 - server.py: `vllm serve` as an owned child (its own process group, a free port, /health, reaped by PID);
-- client.py: streamed completions with fixed token-id prompts, every token's arrival time kept;
+- client.py: streamed completions (aiohttp, kept-alive connections), each chunk's arrival time kept;
 - metrics.py: a load level's figures from the request records, with vLLM's definitions (TTFT, TPOT, ITL, goodput);
 - suite.py: one start (the gate through the API, then each level); cli.py: starts, the table, JSON;
 - anchor.py: `vllm bench serve` beside b70bench's client, in alternating rounds;

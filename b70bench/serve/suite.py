@@ -20,7 +20,6 @@ import random
 import resource
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -60,8 +59,6 @@ LEVEL_FIGURES = (
 )
 ARRIVAL_SEED = 7
 GATE_TIMEOUT_S = 120.0
-# Requests in flight at most in the open loop (beyond it arrivals queue in the client, which the TTFT then shows).
-OPEN_LOOP_THREADS = 64
 
 
 @dataclass
@@ -173,22 +170,13 @@ def prompts_for(n: int, prompt_len: int, offset: int) -> list[list[int]]:
 
 
 def open_loop(port, model, prompts, max_tokens, rate_per_s: float, seed: int = ARRIVAL_SEED, **kw) -> list[dict]:
-    """Poisson arrivals at rate_per_s (seeded exponential gaps); every request on its own thread."""
+    """Poisson arrivals at rate_per_s (seeded exponential gaps, the first at 0), whatever is in flight."""
     rng = random.Random(seed)
-    results: list[dict | None] = [None] * len(prompts)
-    t0 = time.monotonic()
-    due = 0.0
-    with ThreadPoolExecutor(max_workers=min(OPEN_LOOP_THREADS, len(prompts))) as pool:
-        futures = []
-        for i, p in enumerate(prompts):
-            wait = t0 + due - time.monotonic()
-            if wait > 0:
-                time.sleep(wait)
-            futures.append((i, pool.submit(client.completion, port, model, p, max_tokens, **kw)))
-            due += rng.expovariate(rate_per_s)
-        for i, f in futures:
-            results[i] = f.result()
-    return results
+    arrivals, due = [], 0.0
+    for _ in prompts:
+        arrivals.append(due)
+        due += rng.expovariate(rate_per_s)
+    return client.open_loop(port, model, prompts, max_tokens, arrivals, **kw)
 
 
 def _cpu_s(pids: list[int]) -> float:
