@@ -6,8 +6,8 @@ with b70bench.verdicts' verdicts over the same result files (slower, faster, "no
 undecided):
 
 - where the results carry the suite's `track_ratio_to_parent` samples (one B/A per block, each commit measured
-  alternating with its git parent in one host window; decode's seconds, serve's E2E: PAIRED_BY), each such
-  commit against its parent (verdicts.paired);
+  alternating with its git parent in one host window; decode's seconds, serve's E2E, TPOT and TTFT, each with
+  its own ratio: PAIRED_BY, PAIRED_RATIO), each such commit against its parent (verdicts.paired);
 - else, where they carry per-start samples (`asv run --record-samples`), the unpaired rule over the history
   (verdicts.unpaired): a real slowdown is named at the commit it lands, also the newest one, and a
   commit inside the noise is not. Results without samples keep asv's entries.
@@ -51,14 +51,27 @@ DECIDED = (
 # The figures a walk measures paired with the git parent, and the suite whose paired figures decide them:
 # <suite>.track_ratio_to_parent (B/A, one sample per block), .track_ratio_se_to_parent (each block's standard
 # error of its log ratio), .track_minutes (machine minutes) and the count of what each side timed (TIMED).
-# serve pairs on each level's median E2E, so only E2E is read from its ratios; TPOT and TTFT keep the unpaired rule.
+# serve's blocks stop on each level's median E2E; TPOT and TTFT are read from the same blocks, each with its own
+# B/A (<suite>.track_tpot_ratio_to_parent ...): PAIRED_RATIO names each figure's ratio prefix.
 PAIRED_BY = {
     "bench_decode.Decode.track_s_per_output_token": "bench_decode.Decode",
     "bench_decode.Decode.track_s_per_total_token": "bench_decode.Decode",
     "bench_serve.Serve.track_e2e_s": "bench_serve.Serve",
+    "bench_serve.Serve.track_tpot_s": "bench_serve.Serve",
+    "bench_serve.Serve.track_ttft_s": "bench_serve.Serve",
 }
+PAIRED_RATIO = {"bench_serve.Serve.track_tpot_s": "tpot_", "bench_serve.Serve.track_ttft_s": "ttft_"}
 PAIRED_FIGURES = ("track_ratio_to_parent", "track_ratio_se_to_parent", "track_minutes", "track_placement")
 PAIRED_SUITES = tuple(dict.fromkeys(PAIRED_BY.values()))
+
+
+def paired_figures(name: str) -> tuple[str, ...]:
+    """The paired figures of a decided figure, under its suite: its own ratio and standard errors, the shared
+    minutes and placement."""
+    prefix = PAIRED_RATIO.get(name, "")
+    return tuple(f.replace("track_", f"track_{prefix}", 1) if "ratio" in f else f for f in PAIRED_FIGURES)
+
+
 # What a paired block times on each side, by suite (decode: calls, serve: levels); <suite>.track_<word>s counts them.
 # Results written before serve's count was named track_levels carry it as track_calls, read as the same figure.
 TIMED = {"bench_decode.Decode": "call", "bench_serve.Serve": "level"}
@@ -80,7 +93,7 @@ WITHDRAWN = (
     "bench_decode.Decode.track_total_tok_per_s",
     "bench_serve.Serve.track_goodput_request_per_s",
     "bench_serve.Serve.track_output_tok_per_s",
-    *(f"{suite}.{figure}" for suite in PAIRED_SUITES for figure in PAIRED_FIGURES),
+    *dict.fromkeys(f"{suite}.{figure}" for name, suite in PAIRED_BY.items() for figure in paired_figures(name)),
     *(name for suite in PAIRED_SUITES for name in count_figures(suite)),
 )
 NOTE_ID = "b70bench-verdicts"
@@ -225,7 +238,7 @@ class Verdicts(OutputPublisher):
             suite = PAIRED_BY.get(benchmark["name"])
             ratios, ses, minutes, placed = (
                 _figure(results, benchmarks, f"{suite}.{figure}", graph, revisions) if suite else {}
-                for figure in PAIRED_FIGURES
+                for figure in paired_figures(benchmark["name"])
             )
             calls = next(
                 (
@@ -452,14 +465,14 @@ def _write_feed(conf, benchmarks, results: list, rows) -> None:
     """b70bench-verdicts.xml: an Atom entry per verdict (every word), dated when its commit was measured."""
     when: dict[tuple[str, str], int] = {}
     for res in results:
-        for key in (*DECIDED, *(f"{suite}.{PAIRED_FIGURES[0]}" for suite in PAIRED_SUITES)):
+        for key in (*DECIDED, *(f"{suite}.{paired_figures(name)[0]}" for name, suite in PAIRED_BY.items())):
             stamp = res.started_at.get(key) or res.date
             if stamp:
                 when[key, res.commit_hash] = max(when.get((key, res.commit_hash), 0), stamp)
     entries = []
     for name, params, j, v in rows:
         bare = name.split("(", 1)[0]
-        key = f"{PAIRED_BY[bare]}.{PAIRED_FIGURES[0]}" if v.rule == verdicts.PAIRED else bare
+        key = f"{PAIRED_BY[bare]}.{paired_figures(bare)[0]}" if v.rule == verdicts.PAIRED else bare
         stamp = when.get((key, v.commit)) or when.get((bare, v.commit))
         updated = (
             datetime.datetime.fromtimestamp(stamp / 1000, tz=datetime.UTC)

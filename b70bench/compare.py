@@ -50,6 +50,10 @@ def format_result(res: dict, labels: dict) -> list[str]:
         f"{timed} a side, "
         f"{res['minutes']:.1f} min, {res['looks']} look(s) at {res['level']:.2%} each",
     ]
+    for key, got in (res.get("also") or {}).items():  # serve: TPOT and TTFT from the same blocks
+        lo_hi = f"[{got['lo']:.3f}, {got['hi']:.3f}]" if got["lo"] is not None else "-"
+        b_a = f"{got['ratio']:.3f}" if got["ratio"] is not None else "-"
+        lines.append(f"{key.removesuffix('_s').upper():>11} {'':>17} {'':>10}  {b_a:>6} {lo_hi:17} {got['text']}")
     if res.get("stack"):
         st = res["stack"]
         lines.append(

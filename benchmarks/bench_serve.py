@@ -86,14 +86,28 @@ def _paired_level(concurrency: int, backend: str, stack) -> dict:
         stack=stack,
     )
     withheld = res["sides"]["B"]["gate"] == 1
+    also = {} if withheld else res.get("also") or {}
     return {
         "e2e_s_median": [] if withheld else res["block_e2e_s"]["B"],
         "ratio_to_parent": [] if withheld else res["block_ratios"],
         "ratio_se_to_parent": [] if withheld else res["block_log_ses"],
+        # TPOT and TTFT of the same blocks, each with its own B/A: three verdicts per level on the website.
+        **{f"{key}_median": (also.get(key) or {}).get("block_b", []) for key in serve_pair.ALSO_DECIDED},
+        **{f"{key}_ratio_to_parent": (also.get(key) or {}).get("block_ratios", []) for key in serve_pair.ALSO_DECIDED},
+        **{
+            f"{key}_ratio_se_to_parent": (also.get(key) or {}).get("block_log_ses", [])
+            for key in serve_pair.ALSO_DECIDED
+        },
         "minutes": res["minutes"],
         "levels": res["levels_per_side"],
         "placement": res.get("placement"),
     }
+
+
+def _ses(ses):
+    """Each block's standard error of its log B/A (same order as the ratios); none where any block has none."""
+    ses = ses or []
+    return samples(ses if all(x is not None for x in ses) else [])
 
 
 class Serve:
@@ -101,8 +115,8 @@ class Serve:
     params = [_concurrency(), [stack_param()]]
     timeout = 3600
     # 2: walking commits, one sample per paired block against the parent (samples per start before). 3: the stack
-    # (name@backend) a parameter.
-    version = 3
+    # (name@backend) a parameter. 4: TPOT and TTFT paired too (track_tpot_ratio_to_parent, track_ttft_...).
+    version = 4
 
     def setup_cache(self):
         stack, dev = stack_and_device()
@@ -175,10 +189,31 @@ class Serve:
 
     def track_ratio_se_to_parent(self, cache, concurrency, stack=None):
         """Each block's standard error of its log B/A, from its own rounds (same order as the ratios)."""
-        ses = cache[concurrency].get("ratio_se_to_parent") or []
-        return samples(ses if all(x is not None for x in ses) else [])
+        return _ses(cache[concurrency].get("ratio_se_to_parent"))
 
     track_ratio_se_to_parent.unit = "log ratio"
+
+    def track_tpot_ratio_to_parent(self, cache, concurrency, stack=None):
+        """Walking commits: this level's median TPOT over the parent's, per block (the same blocks as E2E's)."""
+        return samples(cache[concurrency].get("tpot_s_ratio_to_parent"))
+
+    track_tpot_ratio_to_parent.unit = "ratio"
+
+    def track_tpot_ratio_se_to_parent(self, cache, concurrency, stack=None):
+        return _ses(cache[concurrency].get("tpot_s_ratio_se_to_parent"))
+
+    track_tpot_ratio_se_to_parent.unit = "log ratio"
+
+    def track_ttft_ratio_to_parent(self, cache, concurrency, stack=None):
+        """Walking commits: this level's median TTFT over the parent's, per block (the same blocks as E2E's)."""
+        return samples(cache[concurrency].get("ttft_s_ratio_to_parent"))
+
+    track_ttft_ratio_to_parent.unit = "ratio"
+
+    def track_ttft_ratio_se_to_parent(self, cache, concurrency, stack=None):
+        return _ses(cache[concurrency].get("ttft_s_ratio_se_to_parent"))
+
+    track_ttft_ratio_se_to_parent.unit = "log ratio"
 
     def track_minutes(self, cache, concurrency, stack=None):
         """Machine minutes the paired measurement of this level took (more where it was undecided)."""

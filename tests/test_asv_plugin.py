@@ -340,17 +340,26 @@ def test_blocks_with_their_standard_errors_decide_where_four_block_values_cannot
     assert rows[commits[3]]["verdict"] == stats.UNDECIDED, rows[commits[3]]
 
 
-@pytest.mark.parametrize("count", ["track_levels", "track_calls"])
-def test_serve_latency_is_decided_by_serves_own_paired_ratios(tmp_path, monkeypatch, count):
-    """A walk of the serve suite pairs each commit's level with its parent's (bench_serve.Serve's ratios): its
-    E2E figure gets the paired verdict, an 8% slowdown named at its commit and the no-op commits not, and the
-    paired figures are withdrawn from asv's fit. Decode's figure names are swapped for serve's in this module's
-    result writer. The levels a side are read under their name and under the one results before it carry."""
+@pytest.mark.parametrize(
+    "count, figure, prefix",
+    [
+        ("track_levels", "e2e", ""),
+        ("track_calls", "e2e", ""),
+        ("track_levels", "tpot", "tpot_"),
+        ("track_levels", "ttft", "ttft_"),
+    ],
+)
+def test_serve_latency_is_decided_by_serves_own_paired_ratios(tmp_path, monkeypatch, count, figure, prefix):
+    """A walk of the serve suite pairs each commit's level with its parent's (bench_serve.Serve's ratios): each of
+    its E2E, TPOT and TTFT figures gets the paired verdict from its own ratios of the same blocks, an 8% slowdown
+    named at its commit and the no-op commits not, and the paired figures are withdrawn from asv's fit. Decode's
+    figure names are swapped for serve's in this module's result writer. The levels a side are read under their
+    name and under the one results before it carry."""
     me = sys.modules[__name__]
     serve = {
-        "SECONDS": "bench_serve.Serve.track_e2e_s",
-        "RATIO": "bench_serve.Serve.track_ratio_to_parent",
-        "RATIO_SE": "bench_serve.Serve.track_ratio_se_to_parent",
+        "SECONDS": f"bench_serve.Serve.track_{figure}_s",
+        "RATIO": f"bench_serve.Serve.track_{prefix}ratio_to_parent",
+        "RATIO_SE": f"bench_serve.Serve.track_{prefix}ratio_se_to_parent",
         "MINUTES": "bench_serve.Serve.track_minutes",
         "CALLS": f"bench_serve.Serve.{count}",
     }

@@ -324,12 +324,12 @@ def test_one_decision_for_the_stopping_rule_the_page_and_kernel_vs_model(ratios,
             super().__init__(0)
             self._r, self._se = r, se
 
-        def ratio(self, normalise=False):
+        def ratio(self, normalise=False, key="latency_s"):
             return self._r
 
     fixed = [Fixed(r, s) for r, s in zip(ratios, ses, strict=True)]
     orig = blockmod.block_ses
-    blockmod.block_ses = lambda bs, normalise=False: [b._se for b in bs]
+    blockmod.block_ses = lambda bs, normalise=False, key="latency_s": [b._se for b in bs]
     try:
         r = blockmod.estimate(fixed, verdicts.LEVEL)
     finally:

@@ -43,23 +43,24 @@ class Block:
     warm_starts: dict = field(default_factory=dict)  # alternate: side -> the uncounted start that filled its cache
     warm_s: float = 0.0  # of wall_s, the seconds the uncounted starts took
 
-    def ratios(self, normalise: bool = False) -> list[float]:
-        """B/A of each complete round; normalise: each call over its probe. Together, a round's two calls are
-        adjacent in time; alternate, round r of A's start and round r of B's (independent calls of two starts)."""
+    def ratios(self, normalise: bool = False, key: str = "latency_s") -> list[float]:
+        """B/A of each complete round (of the calls' `key` figure: seconds per call, or another figure they carry,
+        serve's TPOT); normalise: each call over its probe. Together, a round's two calls are adjacent in time;
+        alternate, round r of A's start and round r of B's (independent calls of two starts)."""
         by_round: dict[int, dict[str, dict]] = {}
         for c in self.calls:
             by_round.setdefault(c["round"], {})[c["side"]] = c
         out = []
         for r in sorted(by_round):
             pair = by_round[r]
-            if len(pair) == 2:
+            if len(pair) == 2 and pair["A"].get(key) and pair["B"].get(key):
                 a, b = pair["A"], pair["B"]
-                ra = a["latency_s"] / (a["probe_s"] if normalise else 1.0)
-                rb = b["latency_s"] / (b["probe_s"] if normalise else 1.0)
+                ra = a[key] / (a["probe_s"] if normalise else 1.0)
+                rb = b[key] / (b["probe_s"] if normalise else 1.0)
                 out.append(rb / ra)
         return out
 
-    def ratio(self, normalise: bool = False) -> float | None:
+    def ratio(self, normalise: bool = False, key: str = "latency_s") -> float | None:
         """This block's B/A. Together: the ROUND_TRIM-trimmed mean of its rounds' log ratios, exponentiated (the
         rounds' log ratios are nearly independent, lag-1 correlation ~0.05, with heavy tails: over the same A/A
         blocks the mean spread least, the median most; trimming keeps a few stalled calls from moving it,
@@ -68,9 +69,9 @@ class Block:
         the 2-core VM the trimmed mean of four blocks of a 5% slowdown read 0.99-1.20 where the medians'
         ratios read 1.03-1.08."""
         if self.placement == "alternate":
-            a, b = (self.figure(s, "latency_s", normalise) for s in SIDES)
+            a, b = (self.figure(s, key, normalise) for s in SIDES)
             return b / a if a and b else None
-        rs = self.ratios(normalise)
+        rs = self.ratios(normalise, key)
         return math.exp(stats.trimmed_mean([math.log(r) for r in rs], ROUND_TRIM)) if rs else None
 
     def figure(self, side: str, key: str = "latency_s", normalise: bool = False) -> float | None:
@@ -98,14 +99,14 @@ class Block:
         }
 
 
-def block_ses(blocks: list[Block], normalise: bool = False) -> list[float | None]:
+def block_ses(blocks: list[Block], normalise: bool = False, key: str = "latency_s") -> list[float | None]:
     """Each block's standard error of its log B/A, from its own rounds: their winsorized spread (the block's
     ratio is their trimmed mean), widened for the rounds' lag-1 correlation pooled over the blocks. None for
     a block with fewer than MIN_ROUNDS_FOR_SE rounds, whose spread is too rough to lean on, and for an alternate
     block: its two starts ran minutes apart, so its rounds are not paired in time and their spread says nothing of
     what differs between the starts (the host's state over each, each process's own offset); there the block's
     B/A is one sample, and the interval comes from the spread between blocks."""
-    rounds = [[math.log(r) for r in b.ratios(normalise)] if b.placement != "alternate" else [] for b in blocks]
+    rounds = [[math.log(r) for r in b.ratios(normalise, key)] if b.placement != "alternate" else [] for b in blocks]
     enough = [x for x in rounds if len(x) >= MIN_ROUNDS_FOR_SE]
     if not enough:
         return [None] * len(blocks)
@@ -119,11 +120,11 @@ def block_ses(blocks: list[Block], normalise: bool = False) -> list[float | None
     ]
 
 
-def estimate(blocks: list[Block], level: float, normalise: bool = False):
+def estimate(blocks: list[Block], level: float, normalise: bool = False, key: str = "latency_s"):
     """stats.Ratio of B/A over blocks (stats.paired_blocks over their ratios and block_ses()), or None with fewer
     than two good blocks. With each block's own standard error two blocks are enough (stats.blocks_interval gives
     them the two-block floor, where the t over two block values would be 25 times wider at 99%)."""
-    good = [b for b in blocks if b.error is None and b.ratio(normalise) is not None]
+    good = [b for b in blocks if b.error is None and b.ratio(normalise, key) is not None]
     if len(good) < 2:
         return None
-    return stats.paired_blocks([b.ratio(normalise) for b in good], block_ses(good, normalise), level)
+    return stats.paired_blocks([b.ratio(normalise, key) for b in good], block_ses(good, normalise, key), level)

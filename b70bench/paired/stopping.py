@@ -16,7 +16,7 @@ from pathlib import Path
 
 from b70bench import records, stats, verdicts
 from b70bench.paired import placement as placements
-from b70bench.paired.blocks import SIDES, Block, estimate
+from b70bench.paired.blocks import SIDES, Block, block_ses, estimate
 
 MAX_LOOKS = 4
 # `compare`'s overall level (each of its looks at per_look_level of it).
@@ -79,6 +79,24 @@ class Paired:
     @property
     def minutes(self) -> float:
         return self.wall_s / 60.0
+
+    def also(self, key: str, min_effect: float, floor: float) -> dict:
+        """Another figure the calls carry (serve's TPOT, TTFT) read from the same blocks at the same level by the
+        same decision; the stopping rule itself followed the primary figure only."""
+        good = [b for b in self.good if b.ratio(key=key) is not None]
+        ratio = estimate(good, self.level, key=key)
+        decision = ratio.decide(min_effect, floor) if ratio else None
+        return {
+            "ratio": ratio.ratio if ratio else None,
+            "lo": ratio.lo if ratio else None,
+            "hi": ratio.hi if ratio else None,
+            "verdict": decision.word if decision else stats.UNDECIDED,
+            "text": decision.text if decision else "undecided: fewer than two blocks carry it",
+            "blocks": len(good),
+            "block_ratios": [b.ratio(key=key) for b in good],
+            "block_log_ses": block_ses(good, key=key),
+            "block_b": [b.figure("B", key) for b in good],  # B's median per block (the walked commit's figure)
+        }
 
     def text(self) -> str:
         if self.decision is None:

@@ -29,6 +29,8 @@ DEFAULT_CONCURRENCY = 16
 # blocks were combined by the t over their values, and three blocks of a ~19% slowdown at 16 requests (1.14-1.25)
 # left it undecided at the walk's level.
 DEFAULT_ROUNDS = MIN_ROUNDS_FOR_SE
+# Figures of each paired level decided beside E2E, from the same blocks (the level's median TPOT and TTFT).
+ALSO_DECIDED = ("tpot_s", "ttft_s")
 
 
 class _Live:
@@ -200,6 +202,8 @@ def compare_series(
         "median_a": statistics.median(e2e["A"]) if e2e["A"] else None,
         "median_b": statistics.median(e2e["B"]) if e2e["B"] else None,
         "block_e2e_s": e2e,
+        # TPOT and TTFT from the same blocks, by the same decision (the stopping rule followed E2E).
+        "also": {key: result.also(key, min_effect, floor) for key in ALSO_DECIDED},
         "series": {s: str(d) for s, d in dirs.items()},
         "sides": {s: facts(s) for s in SIDES},
         "block_records": [b.to_json() for b in result.blocks],
