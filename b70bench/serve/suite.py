@@ -316,6 +316,7 @@ def anchored(srv: server.Server, load: Load, lv: dict, offset: int, out_dir: Pat
         "rounds": rounds,
         "tpot": anchor.ratios(rounds, "tpot_s_median", "median_tpot_ms"),
         "ttft": anchor.ratios(rounds, "ttft_s_median", "median_ttft_ms"),
+        "itl": anchor.ratios(rounds, "itl_s_median", "median_itl_ms"),
         "e2e": anchor.ratios(rounds, "e2e_s_median", "median_e2el_ms"),
         "output_tok_per_s": anchor.ratios(rounds, "output_tok_per_s", "output_throughput", scale=1.0),
     }, offset
@@ -387,7 +388,7 @@ def level_line(lv: dict) -> str:
     )
     if lv["error"]:
         text += f"; {lv['failed']} failed: {lv['error']}"
-    for name in ("tpot", "e2e"):
+    for name in ("ttft", "tpot", "itl", "e2e", "output_tok_per_s"):
         r = (lv.get("anchor") or {}).get(name)
         if r:
             interval = f" [{r['lo']:.3f}, {r['hi']:.3f}]" if r["lo"] is not None else ""
