@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import sys
 import tempfile
 import time
@@ -30,7 +29,7 @@ from b70bench.paired import placement as placements
 from b70bench.paired import sides, stopping
 from b70bench.paired.blocks import SIDES, Side
 from b70bench.serve import server
-from b70bench.stack import description, environment, shapes
+from b70bench.stack import description, environment, process, shapes
 from b70bench.stack import model as decode_model
 
 
@@ -125,13 +124,6 @@ def plan_lines(args, stack: description.Stack, dev, where: str, why: str) -> lis
     return lines
 
 
-def _interrupt(signum, _frame) -> None:
-    # Once: a second SIGTERM (`timeout` forwards the one `pkill` also sent it) must not cut short the
-    # clean-up the first one started, or a server or engine is left running.
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
 def run(args) -> int:
     python = args.python or sys.executable
     prefix = Path(args.prefix) if args.prefix else revisions.env_prefix(python)
@@ -184,7 +176,7 @@ def run(args) -> int:
         Path(args.out_dir) if args.out_dir else decode_model.cache_root() / "compare" / time.strftime("%Y%m%dT%H%M%S")
     )
     # SIGTERM (a CI timeout, `kill`) unwinds like Ctrl-C, so every engine is stopped and reaped on the way out.
-    signal.signal(signal.SIGTERM, _interrupt)
+    process.unwind_on_sigterm()
     if args.suite == "moe-down":  # two kernels, not two series: nothing of vLLM is read or patched
         labels = {"A": args.a, "B": args.b}
         print(

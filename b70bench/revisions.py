@@ -23,7 +23,7 @@ from b70bench import patches, state, walklog
 from b70bench.errors import UsageError
 from b70bench.history import commits_in, export_patches, git
 from b70bench.paired import stopping
-from b70bench.stack import description
+from b70bench.stack import description, process
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -139,6 +139,23 @@ class Record:
         return {**(self.inputs or {}), "commit": commit, "patch_set_hash": patch_set_hash}
 
 
+# Seconds asv and its benchmark processes get to stop their engines after a SIGTERM before SIGKILL.
+ASV_GRACE_S = 60.0
+
+
+def run_asv(cmd: list[str], env: dict, cwd: Path) -> int:
+    """asv in a process group of its own: whichever way the walk ends (Ctrl-C, SIGTERM, an error), asv and its
+    benchmark processes get SIGTERM (the adapters then stop their engines and servers), then SIGKILL."""
+    from b70bench.stack.process import kill_group
+
+    proc = subprocess.Popen(cmd, env=env, cwd=cwd, start_new_session=True)
+    try:
+        return proc.wait()
+    finally:
+        kill_group(proc.pid, grace_s=ASV_GRACE_S)
+        proc.wait()
+
+
 def walk(
     walker: Walker,
     commits: list[str],
@@ -153,7 +170,7 @@ def walk(
     A commit whose series patches source trees gets built copies of them (patches.trees; cached): the benchmarks
     import those (ASV_PYTHONPATH), the user's trees are only read. A failed build is recorded and the walk goes on;
     a commit the record holds as finished for the same inputs is skipped (an interrupted walk resumes)."""
-    run_benchmarks = run_benchmarks or (lambda cmd, env: subprocess.run(cmd, env=env, cwd=walker.repo).returncode)
+    run_benchmarks = run_benchmarks or (lambda cmd, env: run_asv(cmd, env, walker.repo))
     record = record or Record()
     rows = []
     with (
@@ -310,6 +327,7 @@ def run(args) -> int:
         return done.returncode
     if not args.range:
         raise UsageError("name a range (OLD..NEW) or a commit, or pass --restore")
+    process.unwind_on_sigterm()  # a SIGTERM restores the environment and reaps asv, as Ctrl-C does
     every = commits_in(walker.repo, args.range)
     commits = shard(every, args.shard)
     asv_args = shlex.split(args.asv_args or "")

@@ -97,8 +97,14 @@ def walked_repo() -> Path:
 def paired_walk(dev, switch: str) -> bool:
     """Walking commits (walked_commit()): measure each against its git parent in blocks, placed as `compare`'s
     auto places them (together on the CPU, one process at a time on a GPU or XPU), unless the switch variable is 0
-    (`make bench`, one commit: per-start samples)."""
-    return bool(walked_commit()) and os.environ.get(switch) != "0"
+    (`make bench`, one commit: per-start samples). A paired walk's process unwinds on SIGTERM (an interrupted
+    `revisions` sends one), so its engines and servers are stopped, not orphaned."""
+    paired = bool(walked_commit()) and os.environ.get(switch) != "0"
+    if paired:
+        from b70bench.stack.process import unwind_on_sigterm
+
+        unwind_on_sigterm()
+    return paired
 
 
 def placement_code(summary: dict):

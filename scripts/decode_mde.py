@@ -24,7 +24,6 @@ import argparse
 import contextlib
 import json
 import os
-import signal
 import sys
 import tempfile
 import time
@@ -32,11 +31,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from b70bench import compare, patches, stats  # noqa: E402
+from b70bench import patches, stats  # noqa: E402
 from b70bench.decode import pair as pairing  # noqa: E402
 from b70bench.hog import Hog  # noqa: E402
 from b70bench.paired import placement, sides, stopping  # noqa: E402
 from b70bench.patches import synthetic  # noqa: E402
+from b70bench.stack import process  # noqa: E402
 
 HOG_AFTER_S, HOG_FOR_S = 60.0, 120.0
 
@@ -90,7 +90,7 @@ def main() -> int:
     )
     args = p.parse_args()
     # SIGTERM (pkill, a timeout) unwinds like Ctrl-C, so the engines of the compare in flight are reaped.
-    signal.signal(signal.SIGTERM, compare._interrupt)
+    process.unwind_on_sigterm()
     text = synthetic.shipped_model_text()
     env = patches.Env()
     results = []

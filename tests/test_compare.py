@@ -258,12 +258,10 @@ def test_a_second_sigterm_cannot_cut_the_clean_up_short():
     stopped in `finally`), the second must be ignored or it interrupts that clean-up and leaves one running."""
     import signal
 
-    from b70bench import compare
-
     before = signal.getsignal(signal.SIGTERM)
     try:
         with pytest.raises(KeyboardInterrupt):
-            compare._interrupt(signal.SIGTERM, None)
+            process.interrupt(signal.SIGTERM, None)
         assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN
     finally:
         signal.signal(signal.SIGTERM, before)

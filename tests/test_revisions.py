@@ -310,3 +310,29 @@ def test_kill_9_mid_measure_of_a_tree_walk_leaves_the_tree_as_it_was(tree_histor
     assert list((tmp_path / "cache" / "builds").glob("*/built.txt"))  # the commit's copy was built, beside the tree
     assert walker.restore().returncode == 0
     assert patches.verify_distribution(patches.find_distribution(walker.env, "fakevllm")) == []
+
+
+def test_an_interrupted_walk_reaps_asv_and_what_it_started(tmp_path):
+    """Ctrl-C or SIGTERM during `asv run`: asv's whole process group (its benchmark processes) is ended, not
+    left running beside a restored environment."""
+    pidfile = tmp_path / "child.pid"
+    fake_asv = (
+        "import subprocess, sys, time\n"
+        "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
+        f"open({str(pidfile)!r}, 'w').write(str(p.pid))\n"
+        "time.sleep(600)\n"
+    )
+
+    def interrupt(*_):
+        raise KeyboardInterrupt
+
+    before = signal.signal(signal.SIGALRM, interrupt)
+    signal.setitimer(signal.ITIMER_REAL, 5.0)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            revisions.run_asv([sys.executable, "-c", fake_asv], dict(os.environ), tmp_path)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, before)
+    child = int(pidfile.read_text())
+    assert not Path(f"/proc/{child}").exists() or "zombie" in Path(f"/proc/{child}/status").read_text().lower()

@@ -56,6 +56,21 @@ def kill_group(pgid: int, grace_s: float | None = None) -> list[int]:
     return group_members(pgid)
 
 
+def interrupt(signum, _frame) -> None:
+    """A SIGTERM handler: unwind like Ctrl-C, so every `finally` that stops an engine, a server or a walk runs.
+    Once: a second SIGTERM (`timeout` forwards the one `pkill` also sent) must not cut that clean-up short."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def unwind_on_sigterm() -> None:
+    """Install interrupt() for SIGTERM (only the main thread can; elsewhere nothing changes)."""
+    try:
+        signal.signal(signal.SIGTERM, interrupt)
+    except ValueError:
+        pass
+
+
 def cpu_busy_share(interval_s: float = 1.0) -> float | None:
     """Share of all cores busy (anything but idle and iowait) over interval_s, from /proc/stat."""
     try:
