@@ -151,7 +151,7 @@ def test_source_walk_names_the_compiled_slowdown_and_shows_the_failed_build(tmp_
         "verdicts": {
             n: (v["text"], v["ratio"], v["lo"], v["hi"], v["n"], v["minutes"], v["machine"]) for n, v in mine.items()
         },
-        "failed_builds": [(names.get(b["commit"]), b["machine"], b["tail"][-1:]) for b in data["failed_builds"]],
+        "failed_builds": [(names.get(b["commit"]), b["machine"], b["headline"]) for b in data["failed_builds"]],
     }
     (tmp_path / "summary.json").write_text(json.dumps(summary, indent=2))
     keep = os.environ.get("B70BENCH_KEEP_RESULTS")
