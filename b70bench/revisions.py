@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 import shlex
 import subprocess
 import sys
@@ -22,8 +23,10 @@ from pathlib import Path
 from b70bench import patches, state, walklog
 from b70bench.errors import UsageError
 from b70bench.history import commits_in, export_patches, git
+from b70bench.paired import placement as placements
 from b70bench.paired import stopping
-from b70bench.stack import description, process
+from b70bench.serve import suite as serve_suite
+from b70bench.stack import description, process, shapes
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -52,6 +55,14 @@ class Walker:
     def __post_init__(self):
         self.prefix = Path(self.prefix) if self.prefix else env_prefix(self.python)
         self.env = patches.Env(self.prefix, (self.site_dir,) if self.site_dir else None)
+
+    def sites(self) -> list[Path]:
+        """The environment's site-packages (a build must not install there)."""
+        if self.site_dir:
+            return [Path(self.site_dir)]
+        code = "import sysconfig; print(*{sysconfig.get_paths()[k] for k in ('purelib', 'platlib')}, sep='\\n')"
+        done = subprocess.run([self.python, "-c", code], capture_output=True, text=True, timeout=120)
+        return [Path(p) for p in done.stdout.split()] if done.returncode == 0 else patches.trees.shared_sites()
 
     def patches_cmd(self, *args: str, token: str | None = None) -> subprocess.CompletedProcess:
         extra = ["--site-dir", self.site_dir, "--prefix", str(self.prefix)] if self.site_dir else []
@@ -109,13 +120,14 @@ def dist_only(pdir: Path, ps: patches.PatchSet, dest: Path) -> Path:
     return dest
 
 
-def build_trees(ps: patches.PatchSet, builds: Path | None, out=print) -> list[str]:
-    """The series' source trees built (or found built) for this commit; their import paths, first first."""
+def build_trees(ps: patches.PatchSet, builds: Path | None, out=print, sites: list[Path] | None = None) -> list[str]:
+    """The series' source trees built (or found built) for this commit; their import paths, first first. `sites`:
+    the walked environment's site-packages, which a build must not install into."""
     groups = patches.trees.by_tree(ps.patches)
     return [
         path
         for tree, (command, group) in groups.items()
-        for path in patches.trees.build(tree, group, command, builds, out=out).python_path()
+        for path in patches.trees.build(tree, group, command, builds, out=out, sites=sites).python_path()
     ]
 
 
@@ -184,6 +196,7 @@ def walk(
                 f"({', '.join(journal.get('patches', []))}): run "
                 f"`b70bench revisions --restore --python {walker.python}` first"
             )
+        sites = walker.sites()
         for i, commit in enumerate(commits, 1):
             row = {
                 "commit": commit,
@@ -210,7 +223,7 @@ def walk(
                 continue
             out(f"[{i}/{len(commits)}] {commit[:10]}: patch set {row['patch_set_hash']}")
             try:
-                paths = build_trees(ps, builds, out=lambda line: out(f"  {line}"))
+                paths = build_trees(ps, builds, out=lambda line: out(f"  {line}"), sites=sites)
             except patches.trees.BuildFailed as err:
                 row.update(outcome=walklog.BUILD_FAILED, error=str(err), build=err.record)
                 out(f"  build failed, not measured: {err}")
@@ -283,10 +296,19 @@ def ensure_machine(repo: Path, machine: str) -> None:
         raise UsageError(f"asv machine --machine {machine} failed: {(done.stderr or done.stdout).strip()[-300:]}")
 
 
-def plan_lines(walker: Walker, commits: list[str], record: Record, builds: Path | None, header: str) -> list[str]:
+def plan_lines(
+    walker: Walker,
+    commits: list[str],
+    record: Record,
+    builds: Path | None,
+    header: str,
+    asv_args: list[str],
+    stack: description.Stack,
+) -> list[str]:
     """What the walk will do, before it does anything: per commit its trees to build and whether it is finished."""
     lines = [header]
     counts = {"to build": 0, "cached": 0, "failed before": 0}
+    to_measure = 0
     with tempfile.TemporaryDirectory(prefix="b70bench-plan-") as tmp:
         for commit in commits:
             subject = git(walker.repo, "log", "-1", "--format=%s", commit)[:48]
@@ -307,15 +329,56 @@ def plan_lines(walker: Walker, commits: list[str], record: Record, builds: Path 
                     state = f"unusable ({err})"
                 counts[state] = counts.get(state, 0) + 1
                 states.append(f"{Path(tree).name}: {state}")
+            to_measure += not any(s.endswith("failed before") for s in states)
             lines.append(f"  {commit[:10]}  {subject:48}  {'; '.join(states) or 'no source trees'}")
-    decode_min = os.environ.get("B70BENCH_DECODE_BUDGET_MIN") or f"{stopping.DEFAULT_BUDGET_MIN:g}"
-    serve_min = os.environ.get("B70BENCH_SERVE_BUDGET_MIN") or f"{stopping.DEFAULT_BUDGET_MIN:g}"
     lines.append(
-        f"builds: {counts['to build']} to build, {counts['cached']} cached, {counts['failed before']} failed before; "
-        f"each commit's paired suites spend at most {decode_min} min a decode shape (B70BENCH_DECODE_BUDGET_MIN) "
-        f"and {serve_min} min a serve level (B70BENCH_SERVE_BUDGET_MIN)"
+        f"builds: {counts['to build']} to build, {counts['cached']} cached, {counts['failed before']} failed before"
     )
+    lines += cost_lines(asv_args, stack, to_measure)
     return lines
+
+
+# asv's names of the paired suites, matched against `--bench` patterns as asv matches them (re.search).
+PAIRED_SUITES = {
+    "decode": "bench_decode.Decode.track_ratio_to_parent",
+    "serve": "bench_serve.Serve.track_ratio_to_parent",
+}
+
+
+def selected(asv_args: list[str], name: str) -> bool:
+    """Whether `asv run` with asv_args runs benchmark `name` (no --bench/-b: all)."""
+    pats = [asv_args[i + 1] for i, a in enumerate(asv_args[:-1]) if a in ("--bench", "-b")]
+    pats += [a.split("=", 1)[1] for a in asv_args if a.startswith("--bench=")]
+    return not pats or any(re.search(p, name) for p in pats)
+
+
+def cost_lines(asv_args: list[str], stack: description.Stack, commits: int) -> list[str]:
+    """What each measured commit's paired suites may spend: the placement auto picks for the stack here, the
+    measurements (decode shapes, serve levels), the starts a decided one takes at least, the budget minutes each
+    may spend (a block under way when the budget runs out finishes), and the walk's total at most."""
+    backend = stack.resolved_backend()
+    where, why = placements.choose(placements.AUTO, backend, stack)
+    starts = stopping.least_starts(stopping.WALK_FIRST_BLOCKS, where)
+    parts, minutes = [], 0.0
+    if selected(asv_args, PAIRED_SUITES["decode"]):
+        shapes_ = shapes.walk_shapes(os.environ.get("B70BENCH_DECODE_SHAPES"), stack.shapes, backend)
+        each = float(os.environ.get("B70BENCH_DECODE_BUDGET_MIN") or stopping.DEFAULT_BUDGET_MIN)
+        parts.append(f"decode {' '.join(shapes_)} at {each:g} min each (B70BENCH_DECODE_BUDGET_MIN)")
+        minutes += each * len(shapes_)
+    if selected(asv_args, PAIRED_SUITES["serve"]):
+        text = os.environ.get("B70BENCH_SERVE_CONCURRENCY")
+        levels = text.split() if text else [str(c) for c in serve_suite.DEFAULT_CONCURRENCY]
+        each = float(os.environ.get("B70BENCH_SERVE_BUDGET_MIN") or stopping.DEFAULT_BUDGET_MIN)
+        parts.append(f"serve at {' '.join(levels)} requests, {each:g} min a level (B70BENCH_SERVE_BUDGET_MIN)")
+        minutes += each * len(levels)
+    if not parts:
+        return ["paired suites: none selected by --asv-args; each commit runs only the isolated suites"]
+    return [
+        f"placement: {where} ({why})",
+        f"paired per commit: {'; '.join(parts)}; a decided measurement takes {starts} engine starts at least",
+        f"time: at most ~{minutes:g} min a commit of paired measurement (plus the block under way when a budget "
+        f"runs out, builds and the isolated suites): ~{minutes * commits / 60:.1f} h for {commits} commits to measure",
+    ]
 
 
 def run(args) -> int:
@@ -331,7 +394,7 @@ def run(args) -> int:
     every = commits_in(walker.repo, args.range)
     commits = shard(every, args.shard)
     asv_args = shlex.split(args.asv_args or "")
-    stack_hash = None
+    stack_hash, stack = None, description.from_env()
     if args.stack:
         stack = description.load(args.stack)  # a bad file is refused before anything is applied
         check_backend(python, stack)
@@ -341,7 +404,8 @@ def run(args) -> int:
     results = state.asv_results_dir(walker.repo)
     record = Record(walklog.path(results, machine), {"asv_args": asv_args, "stack": stack_hash})
     where = f"shard {args.shard} ({len(commits)} of {len(every)} commits)" if args.shard else f"{len(commits)} commits"
-    for line in plan_lines(walker, commits, record, None, f"plan: {where} on machine {machine}, results in {results}"):
+    header = f"plan: {where} on machine {machine}, results in {results}"
+    for line in plan_lines(walker, commits, record, None, header, asv_args, stack):
         print(line)
     if args.plan:
         return 0

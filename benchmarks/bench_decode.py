@@ -47,23 +47,20 @@ from .common import (
     whole_from_env,
 )
 
-CPU_SHAPES = ["p128n128b1"]
-GPU_SHAPES = ["p512n512b1", "p512n1536b1", "p512n2048b1"]
-
 
 def _shapes():
-    if os.environ.get("B70BENCH_DECODE_SHAPES"):
-        return os.environ["B70BENCH_DECODE_SHAPES"].split()
+    override = os.environ.get("B70BENCH_DECODE_SHAPES")
     try:
         stack = description.from_env()
     except UsageError:
-        return CPU_SHAPES
-    if stack.shapes:
-        return list(stack.shapes)
+        return shapes.walk_shapes(override, None, "cpu")
+    if override or stack.shapes:  # named shapes: no device to ask
+        return shapes.walk_shapes(override, stack.shapes, "cpu")
     try:
-        return CPU_SHAPES if select_device().backend == "cpu" else GPU_SHAPES
+        backend = select_device().backend
     except NotImplementedError:
-        return CPU_SHAPES
+        backend = "cpu"
+    return shapes.walk_shapes(None, None, backend)
 
 
 def _starts() -> int:

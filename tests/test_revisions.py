@@ -17,6 +17,7 @@ from gitrepo import git  # noqa: E402
 
 from b70bench import patches, revisions, walklog  # noqa: E402
 from b70bench.errors import UsageError  # noqa: E402
+from b70bench.stack import description  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 REL = "fakevllm/models/minimax_m2.py"
@@ -267,7 +268,8 @@ def test_plan_names_each_commits_builds_and_runs_nothing(tree_history, tmp_path)
     walker, repo, _tree, commits = tree_history
     cmd = [sys.executable, "-m", "b70bench", "revisions", "HEAD~4..HEAD", "--plan", "--repo", str(repo)]
     cmd += ["--site-dir", walker.site_dir, "--prefix", str(walker.prefix), "--machine", "rig-a", "--shard", "1/2"]
-    env = dict(os.environ, B70BENCH_CACHE=str(tmp_path / "cache"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("B70BENCH_")}  # the defaults' plan
+    env.update(B70BENCH_CACHE=str(tmp_path / "cache"), B70BENCH_BACKEND="cpu")
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
@@ -276,6 +278,31 @@ def test_plan_names_each_commits_builds_and_runs_nothing(tree_history, tmp_path)
     assert all("scaler: to build" in ln for ln in lines[1:3]) and lines[3].startswith("builds: 2 to build")
     assert not (tmp_path / "cache").exists()  # nothing built, nothing applied
     assert patches.read_journal(walker.env) is None
+    # The CPU default here: together, decode's one shape at the walk's budget, serve's levels, the total at most.
+    assert lines[4].startswith("placement: together (auto: two processes of"), lines
+    assert lines[5].startswith("paired per commit: decode p128n128b1 at 10 min each"), lines
+    assert "serve at 1 4 16 requests, 10 min a level" in lines[5] and "takes 6 engine starts at least" in lines[5]
+    assert lines[6].startswith("time: at most ~40 min a commit") and "~1.3 h for 2 commits to measure" in lines[6]
+
+
+def test_plan_cost_follows_the_stack_the_budgets_and_the_selected_suites(tmp_path, monkeypatch):
+    for name in ("B70BENCH_DECODE_SHAPES", "B70BENCH_SERVE_CONCURRENCY", "B70BENCH_SERVE_BUDGET_MIN"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("B70BENCH_DECODE_BUDGET_MIN", "70")
+    rig = tmp_path / "rig.toml"
+    (tmp_path / "m27").mkdir()
+    rig.write_text(f'model = "{tmp_path / "m27"}"\ntp = 4\nbackend = "xpu"\nmemory_fraction = 0.9\n')
+    stack = description.load(rig)
+    lines = revisions.cost_lines(["--bench", "Decode"], stack, 10)
+    assert lines[0].startswith("placement: alternate (auto: memory shares 0.9 + 0.9"), lines
+    # Alternate: one uncounted start a side, then six blocks of two counted starts before the first look.
+    assert lines[1] == (
+        "paired per commit: decode p512n512b1 p512n1536b1 p512n2048b1 at 70 min each (B70BENCH_DECODE_BUDGET_MIN); "
+        "a decided measurement takes 14 engine starts at least"
+    ), lines
+    assert "~210 min a commit" in lines[2] and "~35.0 h for 10 commits" in lines[2]
+    assert revisions.cost_lines(["-b", "Serve"], stack, 1)[1].startswith("paired per commit: serve at 1 4 16")
+    assert "none selected" in revisions.cost_lines(["--bench", "AllReduce"], stack, 1)[0]
 
 
 def test_kill_9_mid_measure_of_a_tree_walk_leaves_the_tree_as_it_was(tree_history, tmp_path):

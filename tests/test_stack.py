@@ -159,7 +159,7 @@ def test_compare_plan_prints_what_would_run_and_starts_nothing(tmp_path):
         line = next(x for x in out.splitlines() if x.startswith(f"  side {side} environment"))
         assert "MY_FLAG=on" in line and "VLLM_CPU_KVCACHE_SPACE=2" in line and f"vllm-cache-{side}" in line
         assert "B70BENCH_ENGINE_CPUS" not in line  # TP ranks are bound by vLLM, not pinned to one core
-    assert "one uncounted start per side" in out
+    assert "one uncounted start per side" in out and "first look after 6 blocks" in out
 
 
 @pytest.mark.parametrize(

@@ -97,6 +97,27 @@ def test_failed_build_recorded_and_not_rerun(tmp_path, tree):
     assert trees.planned(str(tree), group, command, cache) == "failed before"
 
 
+def test_a_build_that_installs_into_the_shared_environment_fails_as_a_build(tmp_path, tree, monkeypatch):
+    """`pip install -e .` writes a .pth and a .dist-info into the environment both sides share: both would import
+    it, so the build fails with that said; installing into the copy ($B70BENCH_SITE) is fine."""
+    site = tmp_path / "site-packages"
+    site.mkdir()
+    (site / "numpy-2.0.dist-info").mkdir()  # already there: untouched by either build
+    monkeypatch.setenv("SHARED", str(site))
+    cache = tmp_path / "cache"
+    into_copy = 'mkdir -p "$B70BENCH_SITE/scaler-1.dist-info"'
+    command, group = tree_patches(series(tmp_path, tree, build=into_copy))
+    trees.build(str(tree), group, command, cache, out=lambda _l: None, sites=[site])
+    editable = 'touch "$SHARED/__editable__.scaler-1.pth" && mkdir "$SHARED/scaler-1.dist-info"'
+    command, group = tree_patches(series(tmp_path, tree, build=editable, name="q"))
+    with pytest.raises(trees.BuildFailed) as err:
+        trees.build(str(tree), group, command, cache, out=lambda _l: None, sites=[site])
+    rec = err.value.record
+    assert rec["headline"].startswith("b70bench: error: the build installed into the environment both sides share")
+    assert "__editable__.scaler-1.pth" in rec["headline"] and '--target "$B70BENCH_SITE"' in rec["headline"]
+    assert not (cache / rec["key"]).exists()
+
+
 def test_refusals_in_one_line(tmp_path, tree):
     command, group = tree_patches(series(tmp_path, tree))
     (tree / "kernel.py").write_text("TILE = 32\n")  # a tracked file edited: the copy would leave it out

@@ -46,6 +46,20 @@ DEFAULT_FIRST_BLOCKS = 4
 # alternate blocks of a 5% slowdown (block ratios 1.03-1.08) left [0.87, 1.34].
 ALTERNATE_FIRST_BLOCKS = 6
 DEFAULT_BUDGET_MIN = 10.0
+
+
+def first_look_blocks(first_blocks: int, placement: str) -> int:
+    """The blocks a measurement's first look waits for, as placed (alternate needs ALTERNATE_FIRST_BLOCKS)."""
+    return max(first_blocks, ALTERNATE_FIRST_BLOCKS) if placement == placements.ALTERNATE else first_blocks
+
+
+def least_starts(first_blocks: int, placement: str) -> int:
+    """Engine starts a decided measurement takes at least: two a block of the first look, and alternate's one
+    uncounted start a side that fills its compile cache."""
+    warm = len(SIDES) if placement == placements.ALTERNATE else 0
+    return warm + len(SIDES) * first_look_blocks(first_blocks, placement)
+
+
 # One together block of the CPU default (two starts on a warm cache, 96 rounds) takes about a minute on the 2-core
 # VM; a verdict needs two blocks at least.
 MIN_BUDGET_MIN = 2.0
@@ -207,8 +221,7 @@ def measure_target(
     each block's calls written to out_dir/blockNN.json for a reader to check (scripts/pair_analysis.py reads them).
     `level` is the overall level; each look takes per_look_level(level)."""
 
-    if placement == placements.ALTERNATE:
-        first_blocks = max(first_blocks, ALTERNATE_FIRST_BLOCKS)
+    first_blocks = first_look_blocks(first_blocks, placement)
 
     warmed = placement != placements.ALTERNATE
 

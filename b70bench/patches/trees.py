@@ -13,7 +13,9 @@ again without rebuilding until the record is removed (`rm` it, or change the pat
 The build runs in the copy with B70BENCH_SITE=COPY/.b70bench-site in its environment, so a build that installs
 (`pip install --no-deps --no-build-isolation --target "$B70BENCH_SITE" .`) installs into the copy, not into the
 environment both sides share; an in-place build (`python setup.py build_ext --inplace`, `make`) needs nothing.
-A side's engine gets COPY and COPY/.b70bench-site first on PYTHONPATH (python_path).
+A side's engine gets COPY and COPY/.b70bench-site first on PYTHONPATH (python_path). A build that installs into
+the shared environment anyway (`pip install -e .`, `pip install .`: new or replaced `*.dist-info`, `*.pth`,
+`*.egg-link` in its site-packages) fails as a build, with that said: both sides would import what it installed.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import json
 import os
 import shutil
 import subprocess
+import sysconfig
 import tarfile
 import tempfile
 import time
@@ -43,6 +46,8 @@ DONE = ".b70bench-built.json"  # written last into a copy: the build succeeded
 BUILD_TIMEOUT_ENV = "B70BENCH_BUILD_TIMEOUT_S"
 BUILD_TIMEOUT_S = 3600.0  # a lab's SYCL kernels build for tens of minutes
 LOG_TAIL_LINES = 30
+# What an installing build leaves in site-packages (pip's metadata and import hooks; editable installs included).
+INSTALL_MARKS = (".dist-info", ".egg-info", ".pth", ".egg-link")
 
 
 class BuildFailed(UsageError):
@@ -148,6 +153,27 @@ def _run(command: str, cwd: Path, log: Path, timeout_s: float) -> int:
             proc.wait()
 
 
+def shared_sites() -> list[Path]:
+    """The environment both sides share, as a build could install into it: this interpreter's site-packages."""
+    paths = {sysconfig.get_paths()[k] for k in ("purelib", "platlib")}
+    return [Path(p) for p in sorted(paths) if Path(p).is_dir()]
+
+
+def installs(sites: list[Path]) -> dict[str, int]:
+    """The install marks in sites, with their change times: a build that installs adds or replaces one."""
+    out = {}
+    for site in sites:
+        with contextlib.suppress(OSError), os.scandir(site) as entries:
+            for e in entries:
+                if e.name.endswith(INSTALL_MARKS):
+                    out[os.path.join(site, e.name)] = e.stat(follow_symlinks=False).st_mtime_ns
+    return out
+
+
+def installed_by_build(before: dict[str, int], after: dict[str, int]) -> list[str]:
+    return sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
+
+
 def _tail(log: Path) -> list[str]:
     try:
         return log.read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:]
@@ -199,9 +225,17 @@ def failed_record(cache: Path, key: str) -> dict | None:
         return None
 
 
-def build(tree: str, tree_patches: list[Patch], command: str | None, cache: Path | None = None, out=print) -> Built:
+def build(
+    tree: str,
+    tree_patches: list[Patch],
+    command: str | None,
+    cache: Path | None = None,
+    out=print,
+    sites: list[Path] | None = None,
+) -> Built:
     """The built copy of tree at its HEAD with tree_patches applied; cached; raises BuildFailed (recorded) or a
-    UsageError (the tree or a patch is unusable: nothing is recorded, since nothing was built)."""
+    UsageError (the tree or a patch is unusable: nothing is recorded, since nothing was built). `sites`: the shared
+    environment's site-packages, which the build must leave alone (default: this interpreter's)."""
     cache = Path(cache) if cache else cache_dir()
     root = Path(tree)
     head = tree_head(root)
@@ -223,8 +257,20 @@ def build(tree: str, tree_patches: list[Patch], command: str | None, cache: Path
             if command:
                 timeout_s = float(os.environ.get(BUILD_TIMEOUT_ENV) or BUILD_TIMEOUT_S)
                 out(f"b70bench: building {root} at {head[:12]} + {len(tree_patches)} patch(es): {command}")
-                t0 = time.monotonic()
+                sites = shared_sites() if sites is None else sites
+                t0, marks = time.monotonic(), installs(sites)
                 rc = _run(command, tmp, log, timeout_s)
+                wrote = installed_by_build(marks, installs(sites))
+                shared = None
+                if rc == 0 and wrote:
+                    shared = (
+                        f"b70bench: error: the build installed into the environment both sides share "
+                        f'({", ".join(wrote[:3])}): install into the copy with --target "${SITE_ENV}" or build '
+                        f"in place (docs/source-builds.md), and remove what it installed there"
+                    )
+                    with open(log, "a") as f:
+                        f.write(shared + "\n")
+                    rc = 3
                 if rc != 0:
                     record = {
                         "tree": tree,
@@ -238,7 +284,7 @@ def build(tree: str, tree_patches: list[Patch], command: str | None, cache: Path
                         "log": str(log),
                         "tail": _tail(log),
                     }
-                    record["headline"] = headline(record["tail"])
+                    record["headline"] = shared or headline(record["tail"])
                     atomic_write_text(cache / f"{key}.failed.json", json.dumps(record, indent=2) + "\n")
                     raise BuildFailed(record)
             info = {"tree": tree, "head": head, "patches": [p.name for p in tree_patches], "command": command}

@@ -8,6 +8,19 @@ import re
 from b70bench.errors import UsageError
 
 DEFAULT_MAX_MODEL_LEN = 2048
+# The decode walk's shapes where neither B70BENCH_DECODE_SHAPES nor the stack names any: one short shape on the CPU
+# (a together block in about a minute on two cores), the seeds' shapes on a GPU or XPU.
+WALK_SHAPES_CPU = ("p128n128b1",)
+WALK_SHAPES_DEVICE = ("p512n512b1", "p512n1536b1", "p512n2048b1")
+
+
+def walk_shapes(override: str | None, stack_shapes, backend: str) -> list[str]:
+    """The decode walk's shapes: B70BENCH_DECODE_SHAPES (override), else the stack's, else the backend's default."""
+    if override:
+        return override.split()
+    if stack_shapes:
+        return list(stack_shapes)
+    return list(WALK_SHAPES_CPU if backend == "cpu" else WALK_SHAPES_DEVICE)
 
 
 _SHAPE = re.compile(r"^p(\d+)n(\d+)(?:b(\d+))?$")
