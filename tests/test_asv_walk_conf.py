@@ -17,7 +17,10 @@ def commands(key: str):
 
 def test_install_applies_the_commits_patch_set_with_the_working_tree_tool():
     cmd, env, codes, cwd = commands("install_command")[-1]
-    assert cmd == ["python", "-m", "b70bench.patches", "apply", "--dir", "/b/patches", "--allow-missing"]
+    assert cmd == [
+        *("python", "-m", "b70bench.patches", "apply", "--dir", "/b/patches", "--allow-missing"),
+        "--built-trees",  # source-tree patches into built copies, never into the user's tree
+    ]
     # asv drops PYTHONPATH but passes ASV_PYTHONPATH through as PYTHONPATH.
     assert env == {"ASV_PYTHONPATH": "/c"} and codes == {0} and cwd == "/e"
 

@@ -118,6 +118,29 @@ def test_a_build_that_installs_into_the_shared_environment_fails_as_a_build(tmp_
     assert not (cache / rec["key"]).exists()
 
 
+def test_patches_apply_built_trees_puts_the_copy_on_the_path_and_restore_takes_it_off(tmp_path, tree):
+    """asv's managed environments: `patches apply --built-trees` builds the tree patch into a copy and puts it on
+    the environment's path (a .pth), the tree untouched; `restore` takes it off."""
+    before = checksums(tree)
+    site = tmp_path / "site"
+    site.mkdir()
+    d = series(tmp_path, tree)
+    env = dict(os.environ, B70BENCH_CACHE=str(tmp_path / "cache"))
+
+    def patches_cli(*args):
+        cmd = [sys.executable, "-m", "b70bench.patches", *args, "--site-dir", str(site)]
+        return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+
+    done = patches_cli("apply", "--dir", str(d), "--built-trees")
+    assert done.returncode == 0, done.stderr
+    copy = Path((site / trees.PTH).read_text().splitlines()[0])
+    assert (copy / "kernel.py").read_text() == "TILE = 128\n" and (copy / "built.txt").read_text() == "128"
+    assert checksums(tree) == before
+    done = patches_cli("restore")
+    assert done.returncode == 0, done.stderr
+    assert not (site / trees.PTH).exists() and checksums(tree) == before
+
+
 def test_refusals_in_one_line(tmp_path, tree):
     command, group = tree_patches(series(tmp_path, tree))
     (tree / "kernel.py").write_text("TILE = 32\n")  # a tracked file edited: the copy would leave it out

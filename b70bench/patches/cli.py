@@ -6,13 +6,15 @@ import argparse
 import os
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 from b70bench.errors import UsageError
+from b70bench.patches import trees
 from b70bench.patches.installed import Env
 from b70bench.patches.journal import _busy_message, apply, read_journal, restore
 from b70bench.patches.plan import plan
-from b70bench.patches.series import DEFAULT_DIR, load
+from b70bench.patches.series import DEFAULT_DIR, PatchSet, load
 from b70bench.patches.status import status
 
 
@@ -37,9 +39,13 @@ def run(args) -> int:
         argv += ["--full"] if getattr(args, "full", False) else []
         argv += ["--force"] if getattr(args, "force", False) else []
         argv += ["--commit", args.commit] if getattr(args, "commit", None) else []
+        argv += ["--built-trees"] if getattr(args, "built_trees", False) else []
         return _reexec(args, argv)
     env = _env_from_args(args)
+    site = Path(args.site_dir) if getattr(args, "site_dir", None) else Path(sysconfig.get_paths()["purelib"])
     if args.action == "restore":
+        if trees.take_off_path(site):
+            print(f"b70bench: built source-tree copies taken off the path of {env.prefix}")
         undone = restore(env, force=args.force)
         if undone is None:
             print(f"b70bench: nothing was applied in {env.prefix}")
@@ -62,6 +68,13 @@ def run(args) -> int:
         return 0
     if args.action == "apply":
         commit = args.commit or os.environ.get("ASV_COMMIT") or os.environ.get("B70BENCH_COMMIT")
+        if args.built_trees:
+            # Source-tree patches into built copies (never the user's tree), on this environment's path.
+            groups = trees.by_tree(ps.patches)
+            built = [trees.build(tree, group, command, sites=[site]) for tree, (command, group) in groups.items()]
+            if built:
+                print(f"b70bench: built copies on the path of {env.prefix}: {trees.put_on_path(built, site)}")
+            ps = PatchSet(ps.directory, [p for p in ps.patches if p.target.kind == "dist"])
         state = apply(ps, env, commit)
         print(
             f"b70bench: patch set {state['patch_set_hash']} applied ({', '.join(state['patches']) or 'empty'}) "
@@ -100,6 +113,12 @@ def register(sub) -> None:
         "--allow-missing",
         action="store_true",
         help="a missing --dir is the empty patch set (asv walking commits older than patches/)",
+    )
+    p.add_argument(
+        "--built-trees",
+        action="store_true",
+        help="apply: source-tree patches go into built copies (cached; docs/source-builds.md) put on this "
+        "environment's path, never into the tree (asv's managed environments use this)",
     )
     p.add_argument("--full", action="store_true", help="status: verify every file of the targeted distributions")
     p.add_argument("--force", action="store_true", help="restore: put back installed bytes over files edited since")

@@ -174,6 +174,26 @@ def installed_by_build(before: dict[str, int], after: dict[str, int]) -> list[st
     return sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
 
 
+# In an environment b70bench owns (asv's managed ones): the built copies of the applied commit, on its sys.path.
+PTH = "b70bench-built-trees.pth"
+
+
+def put_on_path(built: list[Built], site: Path) -> Path:
+    """Make site's interpreter import the built copies (a .pth: paths appended to sys.path at start-up)."""
+    pth = site / PTH
+    atomic_write_text(pth, "".join(f"{path}\n" for b in built for path in b.python_path()))
+    return pth
+
+
+def take_off_path(site: Path) -> bool:
+    """Undo put_on_path; whether there was anything to undo."""
+    try:
+        (site / PTH).unlink()
+    except FileNotFoundError:
+        return False
+    return True
+
+
 def _tail(log: Path) -> list[str]:
     try:
         return log.read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:]
