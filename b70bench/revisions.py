@@ -25,6 +25,7 @@ from b70bench.errors import UsageError
 from b70bench.history import commits_in, export_patches, git
 from b70bench.paired import placement as placements
 from b70bench.paired import stopping
+from b70bench.paired.blocks import SIDES
 from b70bench.serve import suite as serve_suite
 from b70bench.stack import description, process, shapes
 
@@ -358,27 +359,29 @@ def cost_lines(asv_args: list[str], stack: description.Stack, commits: int) -> l
     may spend (a block under way when the budget runs out finishes), and the walk's total at most."""
     backend = stack.resolved_backend()
     where, why = placements.choose(placements.AUTO, backend, stack)
-    starts = stopping.least_starts(stopping.WALK_FIRST_BLOCKS, where)
-    parts, minutes = [], 0.0
+    lines, minutes = [f"placement: {where} ({why})"], 0.0
     if selected(asv_args, PAIRED_SUITES["decode"]):
         shapes_ = shapes.walk_shapes(os.environ.get("B70BENCH_DECODE_SHAPES"), stack.shapes, backend)
         each = float(os.environ.get("B70BENCH_DECODE_BUDGET_MIN") or stopping.DEFAULT_BUDGET_MIN)
-        parts.append(f"decode {' '.join(shapes_)} at {each:g} min each (B70BENCH_DECODE_BUDGET_MIN)")
+        lines.append(f"decode: {' '.join(shapes_)}, {each:g} min each (B70BENCH_DECODE_BUDGET_MIN)")
         minutes += each * len(shapes_)
     if selected(asv_args, PAIRED_SUITES["serve"]):
         text = os.environ.get("B70BENCH_SERVE_CONCURRENCY")
         levels = text.split() if text else [str(c) for c in serve_suite.DEFAULT_CONCURRENCY]
         each = float(os.environ.get("B70BENCH_SERVE_BUDGET_MIN") or stopping.DEFAULT_BUDGET_MIN)
-        parts.append(f"serve at {' '.join(levels)} requests, {each:g} min a level (B70BENCH_SERVE_BUDGET_MIN)")
+        lines.append(f"serve: {' '.join(levels)} requests, {each:g} min a level (B70BENCH_SERVE_BUDGET_MIN)")
         minutes += each * len(levels)
-    if not parts:
+    if len(lines) == 1:
         return ["paired suites: none selected by --asv-args; each commit runs only the isolated suites"]
-    return [
-        f"placement: {where} ({why})",
-        f"paired per commit: {'; '.join(parts)}; a decided measurement takes {starts} engine starts at least",
-        f"time: at most ~{minutes:g} min a commit of paired measurement (plus the block under way when a budget "
-        f"runs out, builds and the isolated suites): ~{minutes * commits / 60:.1f} h for {commits} commits to measure",
+    first = stopping.first_look_blocks(stopping.WALK_FIRST_BLOCKS, where)
+    warm = f"{len(SIDES)} fill the compile caches, then " if where == placements.ALTERNATE else ""
+    lines += [
+        f"starts: {stopping.least_starts(stopping.WALK_FIRST_BLOCKS, where)} at least a decided measurement "
+        f"({warm}{first} blocks of {len(SIDES)})",
+        f"time: at most ~{minutes:g} min a commit (+ the block under way when a budget runs out, builds, isolated "
+        f"suites); ~{minutes * commits / 60:.1f} h for {commits} commits to measure",
     ]
+    return lines
 
 
 def run(args) -> int:

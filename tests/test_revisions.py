@@ -280,9 +280,10 @@ def test_plan_names_each_commits_builds_and_runs_nothing(tree_history, tmp_path)
     assert patches.read_journal(walker.env) is None
     # The CPU default here: together, decode's one shape at the walk's budget, serve's levels, the total at most.
     assert lines[4].startswith("placement: together (auto: two processes of"), lines
-    assert lines[5].startswith("paired per commit: decode p128n128b1 at 10 min each"), lines
-    assert "serve at 1 4 16 requests, 10 min a level" in lines[5] and "takes 6 engine starts at least" in lines[5]
-    assert lines[6].startswith("time: at most ~40 min a commit") and "~1.3 h for 2 commits to measure" in lines[6]
+    assert lines[5] == "decode: p128n128b1, 10 min each (B70BENCH_DECODE_BUDGET_MIN)", lines
+    assert lines[6] == "serve: 1 4 16 requests, 10 min a level (B70BENCH_SERVE_BUDGET_MIN)", lines
+    assert lines[7] == "starts: 6 at least a decided measurement (3 blocks of 2)", lines
+    assert lines[8].startswith("time: at most ~40 min a commit") and "~1.3 h for 2 commits to measure" in lines[8]
 
 
 def test_plan_cost_follows_the_stack_the_budgets_and_the_selected_suites(tmp_path, monkeypatch):
@@ -296,12 +297,13 @@ def test_plan_cost_follows_the_stack_the_budgets_and_the_selected_suites(tmp_pat
     lines = revisions.cost_lines(["--bench", "Decode"], stack, 10)
     assert lines[0].startswith("placement: alternate (auto: memory shares 0.9 + 0.9"), lines
     # Alternate: one uncounted start a side, then six blocks of two counted starts before the first look.
-    assert lines[1] == (
-        "paired per commit: decode p512n512b1 p512n1536b1 p512n2048b1 at 70 min each (B70BENCH_DECODE_BUDGET_MIN); "
-        "a decided measurement takes 14 engine starts at least"
-    ), lines
-    assert "~210 min a commit" in lines[2] and "~35.0 h for 10 commits" in lines[2]
-    assert revisions.cost_lines(["-b", "Serve"], stack, 1)[1].startswith("paired per commit: serve at 1 4 16")
+    assert lines[1:] == [
+        "decode: p512n512b1 p512n1536b1 p512n2048b1, 70 min each (B70BENCH_DECODE_BUDGET_MIN)",
+        "starts: 14 at least a decided measurement (2 fill the compile caches, then 6 blocks of 2)",
+        "time: at most ~210 min a commit (+ the block under way when a budget runs out, builds, isolated suites); "
+        "~35.0 h for 10 commits to measure",
+    ], lines
+    assert revisions.cost_lines(["-b", "Serve"], stack, 1)[1].startswith("serve: 1 4 16 requests")
     assert "none selected" in revisions.cost_lines(["--bench", "AllReduce"], stack, 1)[0]
 
 
