@@ -84,6 +84,19 @@ def test_record_has_every_figure(base):
     assert os.path.exists(r["log_path"]) and r["fingerprint"]["vllm"]
 
 
+def test_a_real_record_exports_as_vllms_latency_writer_writes_it(base, tmp_path, monkeypatch):
+    """--pytorch-json from a real start: the installed vLLM's writer, fed the same latencies, writes the same."""
+    from test_pytorch_json import assert_latency_record_is_vllms
+
+    from b70bench import pytorch_json
+
+    _, (_, r) = base
+    (rec,) = pytorch_json.from_decode([r])
+    assert len(rec["metric"]["benchmark_values"]) == len(r["samples_s_per_output_token"])
+    assert rec["benchmark"]["extra_info"]["use_compile"] is True  # the start compiled its graph
+    assert_latency_record_is_vllms(rec, tmp_path, monkeypatch)
+
+
 def test_gate_flips_on_a_numerics_change_and_holds_on_a_default_off_branch(base):
     d, (_, r) = base
     gfile = d / "g.json"

