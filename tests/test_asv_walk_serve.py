@@ -18,7 +18,10 @@ docs/serve.md has its recorded run. B70BENCH_KEEP_RESULTS=DIR keeps the summary 
 from __future__ import annotations
 
 import os
+import shutil
+import sys
 import time
+from pathlib import Path
 
 import pytest
 from test_asv_walk import SPEED_FIGURE, asv_conf, copy_project, git, keep_evidence, publish, run_asv, run_walk
@@ -26,6 +29,8 @@ from test_asv_walk import SPEED_FIGURE, asv_conf, copy_project, git, keep_eviden
 from b70bench.patches import synthetic
 
 SERVE_FIGURE = "bench_serve.Serve.track_e2e_s"
+TPOT_FIGURE, TTFT_FIGURE = "bench_serve.Serve.track_tpot_s", "bench_serve.Serve.track_ttft_s"
+ROOT = Path(__file__).resolve().parent.parent
 SCHED_REPS = 32
 CONCURRENCY = 16
 # Minutes per commit at most: decode as in the decode walk test; serve's level enough for the first look's three
@@ -103,3 +108,16 @@ def test_serve_walk_names_a_patch_that_costs_only_under_concurrency(tmp_path):
     decode = mine.get((SPEED_FIGURE, commits["sched"]))
     assert decode and decode["rule"] == "paired" and decode["verdict"] != "slower", why
     assert commits["sched"] not in [bad for bad, _ in found.get(SPEED_FIGURE, [])], why
+    # Three paired verdicts for the level, each from its own ratios of the same blocks: E2E, TPOT, TTFT.
+    level = [mine.get((f, commits["sched"])) for f in (SERVE_FIGURE, TPOT_FIGURE, TTFT_FIGURE)]
+    assert all(v and v["rule"] == "paired" and v["n"] == serve["n"] for v in level), why
+    # The page, in a real browser from a real HTTP server: the three verdicts of the level.
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import asv_screenshot
+
+    png = tmp_path / "serve-walk.png"
+    dom = asv_screenshot.screenshot(tmp_path / "html", png)  # raises if the site's scripts did not load
+    assert all(f.rsplit(".", 1)[1] in dom for f in (SERVE_FIGURE, TPOT_FIGURE, TTFT_FIGURE)), dom[:3000]
+    keep = os.environ.get("B70BENCH_KEEP_RESULTS")
+    if keep:
+        shutil.copy2(png, Path(keep) / png.name)
