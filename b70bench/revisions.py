@@ -431,8 +431,14 @@ def register(sub) -> None:
     p = sub.add_parser(
         "revisions",
         help="walk a commit range on an existing environment (apply, asv run, restore)",
-        description="For each commit of RANGE: apply its patches/ series to the environment of "
-        "--python, run `asv run -E existing:PATH --set-commit-hash SHA`, restore.",
+        description="For each commit of RANGE: build its source-tree patches into copies, apply its patches/ "
+        "series to the environment of --python, run `asv run -E existing:PATH --set-commit-hash SHA` (the paired "
+        "suites measure the commit against its parent), restore. --plan prints the commits, builds and what each "
+        "commit may cost first.",
+        epilog="Budgets per commit: B70BENCH_DECODE_BUDGET_MIN (minutes a decode shape), B70BENCH_SERVE_BUDGET_MIN "
+        "(minutes a serve level), B70BENCH_DECODE_ROUNDS / B70BENCH_SERVE_ROUNDS (timed calls a start), "
+        "B70BENCH_DECODE_SHAPES / B70BENCH_SERVE_CONCURRENCY (what is measured). Planning an overnight walk on a rig: "
+        "docs/stacks.md#budgets; builds, shards and machines: docs/source-builds.md.",
     )
     p.add_argument("range", nargs="?", help="OLD..NEW (oldest first, OLD excluded) or one commit")
     p.add_argument(
