@@ -384,6 +384,11 @@ def cost_lines(asv_args: list[str], stack: description.Stack, commits: int) -> l
     return lines
 
 
+def restored(row: dict) -> str:
+    """The summary's word for the environment after a commit: "-" where nothing was applied to it."""
+    return ("yes" if row["restored"] else "no") if row.get("applied") else "-"
+
+
 def run(args) -> int:
     python = args.python or sys.executable
     walker = Walker(python, Path(args.repo).resolve(), args.site_dir, args.prefix)
@@ -419,7 +424,7 @@ def run(args) -> int:
     for r in rows:
         print(
             f"{r['commit'][:10]:10}  {r['patch_set_hash'] or '-':16}  {r['outcome'] or '-':13}  "
-            f"{'-' if r['asv_rc'] is None else r['asv_rc']:>3}  {'yes' if r['restored'] else 'no':8}  "
+            f"{'-' if r['asv_rc'] is None else r['asv_rc']:>3}  {restored(r):8}  "
             f"{r['error'] or ''}"
         )
     failed_build = any(r["outcome"] == walklog.BUILD_FAILED for r in rows)
