@@ -118,7 +118,7 @@ def plan_lines(args, stack: description.Stack, dev, where: str, why: str) -> lis
     first = stopping.first_look_blocks(stopping.DEFAULT_FIRST_BLOCKS, where)
     lines.append(
         f"  budget: {budget_text(args)}; a block is one counted start per side ({rounds} each); {warm}first look "
-        f"after {first} blocks (fewer where the first block's measured cost says they do not fit), then blocks double "
+        f"after {first} blocks (each started while the budget is not spent, or fewer), then blocks double "
         f"while undecided, at most {stopping.MAX_LOOKS} looks"
     )
     return lines

@@ -26,7 +26,7 @@ from b70bench import patches, stats  # noqa: E402
 from b70bench.decode import pair  # noqa: E402
 from b70bench.errors import UsageError  # noqa: E402
 from b70bench.paired import placement, stopping  # noqa: E402
-from b70bench.paired.blocks import SIDES, Side  # noqa: E402
+from b70bench.paired.blocks import SIDES, Block, Side  # noqa: E402
 from b70bench.stack import process
 
 TESTS = Path(__file__).resolve().parent
@@ -297,6 +297,36 @@ def test_the_first_looks_blocks_start_while_the_budget_is_not_spent():
     assert len(simulate(5, 0.0, budget_blocks=1.9, rounds=96, first=3).blocks) == 2
     wide = simulate(11, 0.0, budget_blocks=3.5, rounds=8, first=3)  # 8 rounds a block: the first look is undecided
     assert wide.decision.word == stats.UNDECIDED and len(wide.blocks) == 3, wide.text()
+
+
+def test_a_costly_first_block_does_not_cut_the_first_look_short():
+    """The first block pays a new graph's compile (here three times a warm block): the first look's blocks still
+    start while the budget is not spent, so a budget of 2.2 warm blocks after it gets three blocks, not two."""
+    now, blocks = [0.0], []
+
+    def run_one(i):
+        now[0] += 180.0 if i == 0 else 60.0
+        rng = random.Random(i)
+        calls = [
+            {"side": side, "round": r, "latency_s": 1.0 + rng.uniform(-0.01, 0.01), "probe_s": 1.0, "t_s": r}
+            for r in range(16)
+            for side in SIDES
+        ]
+        b = Block(i, calls=calls, wall_s=180.0 if i == 0 else 60.0)
+        blocks.append(b)
+        return b
+
+    stopping.measure(
+        run_one,
+        budget_s=180.0 + 2.2 * 60,
+        level=stopping.per_look_level(0.96),
+        min_effect=0.05,
+        floor=0.01,
+        first_blocks=stopping.WALK_FIRST_BLOCKS,
+        out=lambda _l: None,
+        clock=lambda: now[0],
+    )
+    assert len(blocks) == 3
 
 
 def test_two_blocks_name_a_large_slowdown_and_no_identical_pair():

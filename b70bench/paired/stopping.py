@@ -9,7 +9,6 @@ at most `max_looks` looks, each at a level that keeps the whole measurement at t
 from __future__ import annotations
 
 import json
-import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -131,9 +130,9 @@ def measure(
     out=print,
     clock=time.monotonic,
 ) -> Paired:
-    """Blocks until decided: `first_blocks` (fewer where the first block's measured cost says they do not fit the
-    budget, two at least), then double while undecided and the budget allows; never more than max_blocks (the
-    counted-start budget: two starts a block).
+    """Blocks until decided: `first_blocks`, each started while the budget is not yet spent (a budget spent sooner
+    brings the first look at the blocks taken), then double while undecided and the next block fits
+    the budget; never more than max_blocks (the counted-start budget: two starts a block).
 
     run_one(index) -> Block runs one block. `level` is each look's; at most max_looks looks are taken,
     so an A/A pair is called different with at most max_looks * (1 - level) (per_look_level()).
@@ -159,20 +158,11 @@ def measure(
                 reason = f"every block failed; the last: {b.error}"
                 return Paired(blocks, None, None, per_look, looks, clock() - t0, reason)
             spent = clock() - t0
-            if len(blocks) == 1 and b.error is None:
-                # Size the first look from what a block costs here (the uncounted starts before it excluded): on a
-                # rig whose starts take minutes, four blocks may not fit, and a look that never comes decides nothing.
-                cost = b.wall_s - b.warm_s
-                # Blocks that would still start before the budget is spent (each may end past it, as below).
-                fit = 1 + math.ceil(max(0.0, budget_s - spent) / cost) if cost > 0 else target
-                if max(2, fit) < target:
-                    target = max(2, fit)
-                    out(f"a block costs {cost / 60:.1f} min here: the first look comes after {target} blocks")
             # The blocks of the first look are the fewest a verdict is read from, so each starts whenever the budget
-            # is not yet spent (the budget then runs over by one block at most): predicting from the cold first
-            # block's cost had stopped a slow host at one block, and two blocks whose process pairs disagree by a
-            # few percent leave even a 9% slowdown undecided. Later blocks start only where the next (costing about
-            # what the last one did) still fits.
+            # is not yet spent (the budget then runs over by one block at most), never cut short by a prediction:
+            # the first block pays the new graph's compile, so its cost predicted too few blocks on a slow host, and
+            # two blocks whose process pairs disagree by a few percent leave even a 9% slowdown undecided. Later
+            # blocks start only where the next (costing about what the last one did) still fits.
             per_block = b.wall_s
             over = spent >= budget_s if looks == 0 else spent + per_block > budget_s
             if over and len(blocks) < target:
