@@ -362,13 +362,13 @@ def cost_lines(asv_args: list[str], stack: description.Stack, commits: int) -> l
     lines, minutes = [f"placement: {where} ({why})"], 0.0
     if selected(asv_args, PAIRED_SUITES["decode"]):
         shapes_ = shapes.walk_shapes(os.environ.get("B70BENCH_DECODE_SHAPES"), stack.shapes, backend)
-        each = float(os.environ.get("B70BENCH_DECODE_BUDGET_MIN") or stopping.DEFAULT_BUDGET_MIN)
+        each = stopping.budget_min_from_env("B70BENCH_DECODE_BUDGET_MIN", stopping.DEFAULT_BUDGET_MIN)
         lines.append(f"decode: {' '.join(shapes_)}, {each:g} min each (B70BENCH_DECODE_BUDGET_MIN)")
         minutes += each * len(shapes_)
     if selected(asv_args, PAIRED_SUITES["serve"]):
         text = os.environ.get("B70BENCH_SERVE_CONCURRENCY")
         levels = text.split() if text else [str(c) for c in serve_suite.DEFAULT_CONCURRENCY]
-        each = float(os.environ.get("B70BENCH_SERVE_BUDGET_MIN") or stopping.DEFAULT_BUDGET_MIN)
+        each = stopping.budget_min_from_env("B70BENCH_SERVE_BUDGET_MIN", stopping.DEFAULT_BUDGET_MIN)
         lines.append(f"serve: {' '.join(levels)} requests, {each:g} min a level (B70BENCH_SERVE_BUDGET_MIN)")
         minutes += each * len(levels)
     if len(lines) == 1:

@@ -5,6 +5,7 @@ import os
 from pathlib import Path
 
 from b70bench.errors import UsageError
+from b70bench.paired import stopping
 
 
 def select_device(backend: str | None = None):
@@ -70,16 +71,10 @@ def whole_from_env(name: str, default: int, least: int, what: str) -> int:
 
 def budget_s_from_env(name: str, default_min: float, least_min: float) -> float:
     """A paired measurement's budget: minutes from the environment, in seconds; a bad one skips with its fix."""
-    text = os.environ.get(name)
-    if not text:
-        return default_min * 60
     try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if value < least_min:
-        raise NotImplementedError(f"{name}={text!r}: set {least_min:g} or more minutes per commit")
-    return value * 60
+        return stopping.budget_min_from_env(name, default_min, least_min) * 60
+    except UsageError as err:
+        raise NotImplementedError(str(err)) from None
 
 
 def walked_commit() -> str | None:

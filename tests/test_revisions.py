@@ -305,6 +305,11 @@ def test_plan_cost_follows_the_stack_the_budgets_and_the_selected_suites(tmp_pat
     ], lines
     assert revisions.cost_lines(["-b", "Serve"], stack, 1)[1].startswith("serve: 1 4 16 requests")
     assert "none selected" in revisions.cost_lines(["--bench", "AllReduce"], stack, 1)[0]
+    # A budget that is not a number of minutes is the user's to fix, in one line (the CLI exits 2 on UsageError).
+    for bad in ("ten", "1", "nan"):
+        monkeypatch.setenv("B70BENCH_DECODE_BUDGET_MIN", bad)
+        with pytest.raises(UsageError, match=f"B70BENCH_DECODE_BUDGET_MIN='{bad}': set 2 or more minutes"):
+            revisions.cost_lines(["--bench", "Decode"], stack, 10)
 
 
 def test_kill_9_mid_measure_of_a_tree_walk_leaves_the_tree_as_it_was(tree_history, tmp_path):

@@ -9,11 +9,13 @@ at most `max_looks` looks, each at a level that keeps the whole measurement at t
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from b70bench import records, stats, verdicts
+from b70bench.errors import UsageError
 from b70bench.paired import placement as placements
 from b70bench.paired.blocks import SIDES, Block, block_ses, estimate
 
@@ -62,6 +64,21 @@ def least_starts(first_blocks: int, placement: str) -> int:
 # One together block of the CPU default (two starts on a warm cache, 96 rounds) takes about a minute on the 2-core
 # VM; a verdict needs two blocks at least.
 MIN_BUDGET_MIN = 2.0
+
+
+def budget_min_from_env(name: str, default_min: float, least_min: float = MIN_BUDGET_MIN) -> float:
+    """A paired measurement's budget in minutes from environment variable `name`, default_min when unset; a value
+    that is not a number of at least least_min minutes is a UsageError naming the fix."""
+    text = os.environ.get(name)
+    if not text:
+        return default_min
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value >= least_min:
+        raise UsageError(f"{name}={text!r}: set {least_min:g} or more minutes per commit")
+    return value
 
 
 @dataclass
