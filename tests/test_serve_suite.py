@@ -197,6 +197,38 @@ def test_anchor_ratios_pair_rounds_and_a_failing_bench_says_why(tmp_path):
     assert got == {"error": "vllm bench serve exit 3: ValueError: no such dataset"}
 
 
+def test_anchor_rounds_flip_which_client_goes_first_and_pair_each_round(monkeypatch, tmp_path):
+    """Round 0 is the level already measured, then vLLM; round 1 vLLM first, round 2 ours first, ...: a host
+    drifting through a round favours neither client. Each round's ratio pairs the two runs of that round."""
+    from b70bench.serve import anchor
+
+    order = []
+
+    def run_level(srv, load, kind, c, offset):
+        order.append("ours")
+        return {"requests": 4, "tpot_s_median": 0.001 * len(order), "output_tok_per_s": 100.0}
+
+    def run_bench(args, out_json, env, python):
+        order.append("vllm")
+        return {"median_tpot_ms": 1.0 * len(order), "output_throughput": 100.0}
+
+    monkeypatch.setattr(suite, "run_level", run_level)
+    monkeypatch.setattr(anchor, "run_bench", run_bench)
+    srv = server.Server([], {}, tmp_path / "s.log")
+    first = {"concurrency": 4, "requests": 4, "tpot_s_median": 0.0005, "output_tok_per_s": 100.0}
+    load = suite.Load(anchor_rounds=4, tokenizer="tok")
+    got, _offset = suite.anchored(srv, load, first, 0, tmp_path)
+    assert order == ["vllm", "vllm", "ours", "ours", "vllm", "vllm", "ours"]
+    # Round r's pair: ours and vLLM's from that round, whichever went first.
+    assert [(r["b70bench"]["tpot_s_median"], r["vllm"]["median_tpot_ms"]) for r in got["rounds"]] == [
+        (0.0005, 1.0),
+        (0.003, 2.0),
+        (0.004, 5.0),
+        (0.007, 6.0),
+    ]
+    assert got["tpot"]["n"] == 4
+
+
 def test_vllms_flag_names_as_vllm_bench_serve_takes_them(monkeypatch, capsys):
     """`--input-len --output-len --max-concurrency --num-prompts --request-rate --goodput --percentile-metrics
     --metric-percentiles --seed`, typed as for `vllm bench serve`, reach the load; the table gets the asked

@@ -294,21 +294,24 @@ def failed_level(kind: str, value: float, reason: str) -> dict:
 
 
 def anchored(srv: server.Server, load: Load, lv: dict, offset: int, out_dir: Path) -> tuple[dict, int]:
-    """`vllm bench serve` and b70bench's client alternating on this level (lv is b70bench's first round)."""
+    """`vllm bench serve` and b70bench's client alternating on this level (lv is b70bench's first round). The
+    order flips every round (ours then theirs, then theirs then ours, ...), so a host drifting through a round
+    does not favour the client that always goes first."""
     from b70bench.serve import anchor
 
     c = lv["concurrency"]
+    args = anchor.bench_args(srv.port, SERVED_NAME, load.tokenizer, load.prompt_len, load.output_len, c, lv["requests"])
     rounds = []
     for r in range(load.anchor_rounds):
+        if r % 2:
+            theirs = anchor.run_bench(args, out_dir / f"anchor-c{c}-round{r}.json", srv.env, srv.python)
         if r:
             lv_r = run_level(srv, load, "concurrency", c, offset)
             offset += lv_r["requests"] + c
         else:
             lv_r = lv
-        args = anchor.bench_args(
-            srv.port, SERVED_NAME, load.tokenizer, load.prompt_len, load.output_len, c, lv["requests"]
-        )
-        theirs = anchor.run_bench(args, out_dir / f"anchor-c{c}-round{r}.json", srv.env, srv.python)
+        if not r % 2:
+            theirs = anchor.run_bench(args, out_dir / f"anchor-c{c}-round{r}.json", srv.env, srv.python)
         ours = {k: lv_r.get(k) for k in ("tpot_s_median", "ttft_s_median", "itl_s_median", "e2e_s_median")}
         ours["output_tok_per_s"] = lv_r.get("output_tok_per_s")
         rounds.append({"b70bench": ours, "vllm": theirs})
