@@ -77,7 +77,7 @@ WALK_ROUNDS = 64
 HOG_DELAY_S = 45
 HOG_FOR_S = 150
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.alone]
 
 
 def build_patch_texts() -> dict[str, str]:
@@ -338,6 +338,14 @@ def test_asv_walk_over_patch_sets(tmp_path):
     (tmp_path / "hashes.txt").write_text("\n".join(commits[n] for n in decoded) + "\n")
     t0 = time.monotonic()
     assert run_asv(repo, conf, "machine", "--yes", "--machine", "b70bench-walk", timeout=120).returncode == 0
+    # The isolated suite beside decode, in the same `asv run` (one install a commit): the `vllm` moe-down variant,
+    # around the MoE patch and at the slowdown, where nothing isolated moved. No allreduce figure: each commit's
+    # kernels run once, minutes after its neighbour's, and on this VM vLLM's shared-memory allreduce moved up to
+    # 1.6x and gloo's 0.4-2x between such runs with nothing changed for them (docs/patch-sets-and-asv.md), more
+    # than a clone before the allreduce costs. From noop on, so that every commit asserted on has two earlier
+    # readings (kernel_vs_model.KERNEL_WINDOW): one fresh process can read the unchanged kernel 1.6x off the next.
+    # Only the figure asserted on: asv starts a process per selected parameter combination.
+    kernel = (r"MoeDown\.track_time\('vllm'",)
     # noop: one start, its keys pinned (the first key measured on this machine and config is the pin).
     (tmp_path / "noop-hash.txt").write_text(commits["noop"] + "\n")
     pin = run_walk(
@@ -345,10 +353,12 @@ def test_asv_walk_over_patch_sets(tmp_path):
         conf,
         tmp_path / "noop-hash.txt",
         r"Decode\.track_(aot|piecewise)_key",
+        *kernel,
         timeout=900,
         B70BENCH_CACHE=str(cache),
         B70BENCH_DECODE_PAIRED="0",
         B70BENCH_DECODE_STARTS="1",
+        B70BENCH_MOE_VARIANTS="vllm",
     )
     with hog_during(cache, commits["cache-key"]) as hog:
         walk = run_walk(
@@ -356,30 +366,14 @@ def test_asv_walk_over_patch_sets(tmp_path):
             conf,
             tmp_path / "hashes.txt",
             "Decode",
+            *kernel,
             timeout=2400,
             B70BENCH_CACHE=str(cache),
             B70BENCH_DECODE_BUDGET_MIN=str(WALK_BUDGET_MIN),
             B70BENCH_DECODE_ROUNDS=str(WALK_ROUNDS),
+            B70BENCH_MOE_VARIANTS="vllm",
         )
-    # The isolated suite around the MoE patch (and at the slowdown, where nothing isolated moved): the `vllm`
-    # moe-down variant. No allreduce figure: each commit's kernels run once, minutes after its neighbour's, and
-    # on this VM vLLM's shared-memory allreduce moved up to 1.6x and gloo's 0.4-2x between such runs with
-    # nothing changed for them (docs/patch-sets-and-asv.md), more than a clone before the allreduce costs.
-    # From noop on, so that every commit asserted on has two earlier readings (kernel_vs_model.KERNEL_WINDOW): on a
-    # 2-core AMD VM one fresh process read the unchanged kernel 9.4 ms at cache-key and the next 5.9 ms.
-    kernel_steps = ["noop", "cache-key", "slowdown", "moe-kernel"]
-    (tmp_path / "kernel-hashes.txt").write_text("\n".join(commits[n] for n in kernel_steps) + "\n")
-    # Only the figure asserted on: asv starts a process per selected parameter combination (~1 s each).
-    kernels = run_walk(
-        repo,
-        conf,
-        tmp_path / "kernel-hashes.txt",
-        r"MoeDown\.track_time\('vllm'",
-        timeout=1200,
-        B70BENCH_MOE_VARIANTS="vllm",
-        B70BENCH_CACHE=str(cache),
-    )
-    log = "".join(r.stdout + r.stderr for r in (pin, walk, kernels))
+    log = "".join(r.stdout + r.stderr for r in (pin, walk))
     (tmp_path / "asv-run.log").write_text(log)
     walk_s = time.monotonic() - t0
 
@@ -458,7 +452,7 @@ def test_asv_walk_over_patch_sets(tmp_path):
         {k: r[k] for k in ("commit", "flag", "faster_kernels", "slower_decode")} for r in rows
     ]
     (tmp_path / "summary.json").write_text(json.dumps(summary, indent=2))
-    why = (summary["kernel_vs_model"], kvm.stdout[-4000:], kernels.stdout[-3000:])
+    why = (summary["kernel_vs_model"], kvm.stdout[-4000:], log[-3000:])
     assert [r["commit"] for r in rows if r["flag"]] == [commits["moe-kernel"]], why
     moe_row = next(r for r in rows if r["commit"] == commits["moe-kernel"])
     assert f"{MOE_FIGURE}('vllm', 1)" in moe_row["faster_kernels"], why

@@ -36,6 +36,7 @@ SMALL, MEDIUM, LARGE = 2, 4, 7
 
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.alone,
     pytest.mark.skipif(
         os.environ.get("B70BENCH_POWER_WALK") != "1",
         reason="a ~30-minute walk at the loop's defaults: set B70BENCH_POWER_WALK=1 (recorded runs in docs)",

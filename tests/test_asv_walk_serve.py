@@ -40,6 +40,7 @@ SERVE_BUDGET_MIN = 12
 
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.alone,
     pytest.mark.skipif(
         os.environ.get("B70BENCH_SERVE_WALK") != "1",
         reason="a ~30-minute walk of the serve suite: set B70BENCH_SERVE_WALK=1 (recorded run in docs/serve.md)",

@@ -44,6 +44,7 @@ BUDGET_MIN, ROUNDS = 4, 64  # the CI decode walk's
 
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.alone,
     pytest.mark.skipif(
         os.environ.get("B70BENCH_SOURCE_WALK") != "1",
         reason="a ~15-minute walk per layout that patches this environment's vLLM: set B70BENCH_SOURCE_WALK=1",
