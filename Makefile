@@ -39,13 +39,14 @@ bench-run:
 preview: venv
 	$(PY) -m asv preview --config $(ASV_CONF)
 
-# Tests share the cores (pytest-xdist, a worker a core, at most TEST_WORKERS), except those marked `alone`, which
-# assert verdicts read off this host's timings or patch this environment's vLLM: they run afterwards, by themselves.
+# Tests share the cores (pytest-xdist, a worker a core, at most TEST_WORKERS; a file stays on one worker, so a
+# module's fixture starts once), except those marked `alone`, which assert verdicts read off this host's timings or
+# patch this environment's vLLM: they run afterwards, by themselves.
 TEST_WORKERS ?= 4
 test: venv
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
-	$(PY) -m pytest -m "not alone" -n auto --maxprocesses $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not alone" -n auto --maxprocesses $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 	$(PY) -m pytest -m alone $(PYTEST_ARGS)
 
 clean:

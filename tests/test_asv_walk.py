@@ -18,10 +18,10 @@ calls alternating (paired.sides.against_parent, in the asv adapter), blocks unti
 budget (WALK_BUDGET_MIN) is spent, WALK_ROUNDS rounds a block. noop gets one unpaired start and only its
 compile-cache figures (the pin every later key is read against, as `make bench` on the first commit would leave
 it): cache-key is the walk's no-op for speed, and a second paired no-op would cost CI ~6 minutes. The broken
-commit fails at install; cache-key is then measured against noop (its
-nearest ancestor that installs). A CPU hog (a busy loop at nice 10) runs beside the engines from HOG_DELAY_S
-into cache-key's measurement for HOG_FOR_S, stopped by PID, so the commit that must not be named is measured
-with the host changing under it, and the slowdown's blocks are not.
+commit fails at install; cache-key is then measured against noop (its nearest ancestor that installs). A CPU
+hog (a busy loop at nice 10) runs beside the engines from HOG_DELAY_S into cache-key's measurement for
+HOG_FOR_S, stopped by PID, so the commit that must not be named is measured with the host changing under it,
+and the slowdown's blocks are not. The `vllm` moe-down figure is measured in the same `asv run`s, from noop on.
 
 Asserted on the published site (b70bench.asv_plugin's verdicts for the decode speed figures, asv's
 step fit for the rest): slowdown and moe-kernel named slower on seconds per output token; cache-key on

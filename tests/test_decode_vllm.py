@@ -12,7 +12,6 @@ from b70bench.stack import gate
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.xdist_group("decode_vllm"),  # one worker starts the module's engine once
     pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed"),
 ]
 

@@ -195,6 +195,10 @@ def test_anchor_ratios_pair_rounds_and_a_failing_bench_says_why(tmp_path):
     bad.chmod(0o755)
     got = anchor.run_bench(["--x"], tmp_path / "a.json", dict(os.environ), python=str(bad))
     assert got == {"error": "vllm bench serve exit 3: ValueError: no such dataset"}
+    # Each client's CPU share: the median over the rounds that report one.
+    rounds[0]["b70bench"]["client_cpu_share"], rounds[1]["b70bench"]["client_cpu_share"] = 0.04, 0.06
+    rounds[0]["vllm"]["client_cpu_share"] = 0.2
+    assert anchor.client_shares(rounds) == {"b70bench": pytest.approx(0.05), "vllm": 0.2}
 
 
 def test_anchor_rounds_flip_which_client_goes_first_and_pair_each_round(monkeypatch, tmp_path):

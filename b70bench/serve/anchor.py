@@ -14,8 +14,10 @@ server needs a tokenizer: anchored runs start it with the embedded model's word-
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from b70bench import stats
@@ -31,6 +33,8 @@ FIELDS = (
     "median_e2el_ms",
     "output_throughput",
     "request_throughput",
+    "total_input_tokens",
+    "client_cpu_share",
 )
 ANCHOR_TIMEOUT_S = 600.0
 
@@ -111,18 +115,37 @@ def ratios(rounds: list[dict], ours: str, theirs: str, level: float = 0.95, scal
     return {"ratio": r.ratio, "lo": r.lo, "hi": r.hi, "n": len(values)}
 
 
+def client_shares(rounds: list[dict]) -> dict:
+    """Each client's median CPU share (cores) over the rounds that report one."""
+    out = {}
+    for side in ("b70bench", "vllm"):
+        values = [r[side]["client_cpu_share"] for r in rounds if r[side].get("client_cpu_share") is not None]
+        out[side] = statistics.median(values) if values else None
+    return out
+
+
 def _both(r: dict, ours: str, theirs: str) -> bool:
     return (r["b70bench"].get(ours) or 0) > 0 and (r["vllm"].get(theirs) or 0) > 0
 
 
 def main(argv: list[str]) -> int:
-    from vllm.benchmarks.serve import add_cli_args
-    from vllm.benchmarks.serve import main as bench_main
+    from vllm.benchmarks import serve as vllm_serve
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
+    # The client's CPU over its load (ready check and warm-up included): set beside b70bench's own client share,
+    # since on a small host a client's CPU is taken from the server it measures.
+    inner = vllm_serve.benchmark
+
+    async def timed(*args, **kwargs):
+        wall0, cpu0 = time.monotonic(), time.process_time()
+        result = await inner(*args, **kwargs)
+        result["client_cpu_share"] = (time.process_time() - cpu0) / (time.monotonic() - wall0)
+        return result
+
+    vllm_serve.benchmark = timed
     parser = FlexibleArgumentParser()
-    add_cli_args(parser)
-    result = bench_main(parser.parse_args(argv[2:]))
+    vllm_serve.add_cli_args(parser)
+    result = vllm_serve.main(parser.parse_args(argv[2:]))
     Path(argv[1]).write_text(json.dumps({k: result.get(k) for k in FIELDS}))
     return 0
 

@@ -314,6 +314,7 @@ def anchored(srv: server.Server, load: Load, lv: dict, offset: int, out_dir: Pat
             theirs = anchor.run_bench(args, out_dir / f"anchor-c{c}-round{r}.json", srv.env, srv.python)
         ours = {k: lv_r.get(k) for k in ("tpot_s_median", "ttft_s_median", "itl_s_median", "e2e_s_median")}
         ours["output_tok_per_s"] = lv_r.get("output_tok_per_s")
+        ours["client_cpu_share"] = lv_r.get("client_cpu_share")
         rounds.append({"b70bench": ours, "vllm": theirs})
     return {
         "rounds": rounds,
@@ -322,6 +323,7 @@ def anchored(srv: server.Server, load: Load, lv: dict, offset: int, out_dir: Pat
         "itl": anchor.ratios(rounds, "itl_s_median", "median_itl_ms"),
         "e2e": anchor.ratios(rounds, "e2e_s_median", "median_e2el_ms"),
         "output_tok_per_s": anchor.ratios(rounds, "output_tok_per_s", "output_throughput", scale=1.0),
+        "client_cpu_share": anchor.client_shares(rounds),
     }, offset
 
 
@@ -396,4 +398,7 @@ def level_line(lv: dict) -> str:
         if r:
             interval = f" [{r['lo']:.3f}, {r['hi']:.3f}]" if r["lo"] is not None else ""
             text += f"; {name.upper()} / vllm bench serve's {r['ratio']:.3f}{interval} ({r['n']} rounds)"
+    shares = (lv.get("anchor") or {}).get("client_cpu_share") or {}
+    if shares.get("vllm") is not None:
+        text += f"; client CPU b70bench {shares['b70bench']:.2f}, vllm bench serve {shares['vllm']:.2f} core"
     return text
