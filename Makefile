@@ -28,9 +28,12 @@ $(STAMP): pyproject.toml
 bench: venv bench-run
 
 # The main job on an existing .venv: every suite once on this commit (per-start samples, no pairing), then the site.
+# The device is chosen once (b70bench.device.choose_backend, unless B70BENCH_BACKEND names it) and named to asv's
+# processes, one a figure: those that only read figures then skip torch's import.
 bench-run:
 	$(PY) -m b70bench info --measure
 	$(PY) -m asv machine --yes --config $(ASV_CONF)
+	B70BENCH_BACKEND=$${B70BENCH_BACKEND:-$$($(PY) -c 'from b70bench import device; print(device.choose_backend())')} \
 	B70BENCH_DECODE_PAIRED=0 B70BENCH_SERVE_PAIRED=0 $(PY) -m asv run --config $(ASV_CONF) \
 	    -E existing:$(abspath $(PY)) --set-commit-hash $$(git rev-parse HEAD) --show-stderr --record-samples $(ASV_ARGS)
 	$(PY) -m asv publish --config $(ASV_CONF)

@@ -11,10 +11,15 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 from b70bench.errors import UsageError
+
+if TYPE_CHECKING:
+    import torch
+
+# torch is imported where a function needs it, not at import: asv imports the suites that import this module once
+# per figure, and on the CPU (B70BENCH_BACKEND=cpu) choosing the device needs no torch (~1.7 s a process).
 
 BACKENDS = ("xpu", "cuda", "cpu")
 ENV_BACKEND = "B70BENCH_BACKEND"
@@ -26,7 +31,11 @@ COLLECTIVE_BACKEND = {"xpu": "xccl", "cuda": "nccl", "cpu": "gloo"}
 
 def _module(backend: str):
     """torch.cuda / torch.xpu, or None for the CPU."""
-    return getattr(torch, backend, None) if backend != "cpu" else None
+    if backend == "cpu":
+        return None
+    import torch
+
+    return getattr(torch, backend, None)
 
 
 def available(backend: str) -> bool:
@@ -37,6 +46,8 @@ def available(backend: str) -> bool:
 
 
 def _missing_reason(backend: str) -> str:
+    import torch
+
     build = torch.__version__
     if backend == "cuda":
         if torch.version.cuda is None:
@@ -91,6 +102,8 @@ class Device:
 
     @property
     def torch_device(self) -> torch.device:
+        import torch
+
         if self.backend == "cpu":
             return torch.device("cpu")
         return torch.device(self.backend, self.index)
@@ -126,7 +139,7 @@ class Device:
         if self.backend == "cuda":
             return True
         # XPU graphs arrived in recent torch releases; use them only where torch has them.
-        return self.backend == "xpu" and hasattr(torch.xpu, "XPUGraph")
+        return self.backend == "xpu" and hasattr(self.module, "XPUGraph")
 
     def elapsed(self, fn, number: int = 1) -> float:
         """Seconds for `number` back-to-back calls of fn, on device events where there are any."""
@@ -162,8 +175,8 @@ class Device:
                 fn()
         mod.current_stream(self.index).wait_stream(stream)
         self.synchronize()
-        graph = mod.CUDAGraph() if self.backend == "cuda" else torch.xpu.XPUGraph()
-        graph_ctx = mod.graph if self.backend == "cuda" else torch.xpu.graph
+        graph = mod.CUDAGraph() if self.backend == "cuda" else mod.XPUGraph()
+        graph_ctx = mod.graph
         with graph_ctx(graph):
             for _ in range(number):
                 fn()

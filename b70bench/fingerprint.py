@@ -16,8 +16,6 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
-import torch
-
 from b70bench import __version__
 from b70bench.device import Device
 
@@ -62,12 +60,14 @@ def driver_version(device: Device) -> str | None:
     if device.backend == "cuda":
         return _run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader", f"--id={device.index}"])
     if device.backend == "xpu":
-        props = torch.xpu.get_device_properties(device.index)
+        props = device.module.get_device_properties(device.index)
         return getattr(props, "driver_version", None)
     return platform.release()  # the kernel is the CPU's "driver"
 
 
 def collective_version(device: Device) -> str | None:
+    import torch  # here, not at import: see b70bench.device
+
     if device.backend == "cuda" and torch.distributed.is_available() and torch.distributed.is_nccl_available():
         v = torch.cuda.nccl.version()
         return ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
@@ -78,6 +78,8 @@ def collective_version(device: Device) -> str | None:
 
 
 def fingerprint(device: Device, collective_backend: str | None = None) -> dict:
+    import torch
+
     return {
         "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "host": platform.node(),
