@@ -176,8 +176,7 @@ class Device:
         mod.current_stream(self.index).wait_stream(stream)
         self.synchronize()
         graph = mod.CUDAGraph() if self.backend == "cuda" else mod.XPUGraph()
-        graph_ctx = mod.graph
-        with graph_ctx(graph):
+        with mod.graph(graph):
             for _ in range(number):
                 fn()
         self.synchronize()
