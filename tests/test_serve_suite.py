@@ -158,6 +158,7 @@ def test_summary_rows_and_records_for_dashboards():
         (["--starts", "0"], "give 1 or more"),
         (["--anchor-rounds", "1"], "an interval needs two"),
         (["--timeout", "0"], "seconds above 0"),
+        (["--text-prompts", "--model", "/nonexistent/model"], "--text-prompts: no tokenizer.json in /nonexistent"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(argv, message, capsys):
@@ -257,3 +258,24 @@ def test_vllms_flag_names_as_vllm_bench_serve_takes_them(monkeypatch, capsys):
     assert load.slo == {"ttft": 500.0, "e2el": 2000.0} and load.percentiles == (25.0, 99.9)
     out = capsys.readouterr().out
     assert "p25_ttft_ms" in out and "p99.9_e2el_ms" in out
+
+
+def test_text_prompts_are_the_id_prompts_as_the_servers_tokenizer_reads_them(tmp_path):
+    """--text-prompts sends decode's prompts as text: the tokenizer vLLM's server loads (transformers') must read
+    each back as the same ids, so both prompt forms cost the model the same tokens."""
+    from transformers import AutoTokenizer
+
+    from b70bench.stack import model
+    from b70bench.stack import tokenizer as tokmod
+
+    (tmp_path / "m").mkdir()
+    path = str(tokmod.ensure(tmp_path / "m", model.embedded_config()))
+    ids, texts = suite.prompts_for(3, 64, 5), suite.prompts_for(3, 64, 5, path)
+    assert all(isinstance(t, str) for t in texts) and texts[0] != texts[1]
+    assert [AutoTokenizer.from_pretrained(path)(t)["input_ids"] for t in texts] == ids
+    with pytest.raises(ValueError, match="does not read 2 random ids back"):
+        suite.text_prompt([7, 10**6], path)  # an id past the vocabulary has no word of its own
+    # The same start through the stand-in server with text prompts.
+    make, _made = maker(tmp_path, "--token-s", "0.002")
+    rec = suite.one_start(make, small(concurrency=(2,), text_prompts=True, tokenizer=path))
+    assert rec["ok"] and rec["levels"][0]["completed"] == suite.MIN_REQUESTS, rec

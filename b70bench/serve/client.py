@@ -1,4 +1,4 @@
-"""The load: streamed completions with fixed token-id prompts, on kept-alive connections (aiohttp, as vLLM's client).
+"""The load: streamed completions with fixed prompts (token ids or their text), on kept-alive connections (aiohttp).
 
 One request = POST /v1/completions with `stream: true`, `ignore_eos: true`, greedy, `return_token_ids`. Each
 server-sent event line (`data: {...}`, read by aiohttp's stream reader) carries the tokens generated since the last
@@ -21,7 +21,7 @@ import time
 import aiohttp
 
 
-def _body(model: str, prompt: list[int], max_tokens: int) -> dict:
+def _body(model: str, prompt: list[int] | str, max_tokens: int) -> dict:
     return {
         "model": model,
         "prompt": prompt,
@@ -99,14 +99,24 @@ async def _run(port, model, prompts, max_tokens, concurrency, arrivals, timeout_
 
 
 def closed_loop(
-    port: int, model: str, prompts: list[list[int]], max_tokens: int, concurrency: int, timeout_s: float = 300.0
+    port: int,
+    model: str,
+    prompts: list[list[int]] | list[str],
+    max_tokens: int,
+    concurrency: int,
+    timeout_s: float = 300.0,
 ) -> list[dict]:
     """Every prompt once, `concurrency` in flight at a time; records in the order the prompts were given."""
     return asyncio.run(_run(port, model, prompts, max_tokens, concurrency, None, timeout_s))
 
 
 def open_loop(
-    port: int, model: str, prompts: list[list[int]], max_tokens: int, arrivals: list[float], timeout_s: float = 300.0
+    port: int,
+    model: str,
+    prompts: list[list[int]] | list[str],
+    max_tokens: int,
+    arrivals: list[float],
+    timeout_s: float = 300.0,
 ) -> list[dict]:
     """Prompt i sent arrivals[i] seconds after the start (arrivals ascending); records in prompt order."""
     return asyncio.run(_run(port, model, prompts, max_tokens, None, arrivals, timeout_s))

@@ -14,6 +14,7 @@ seeded, so every start sends the same schedule) for about `open_loop_s`.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import random
@@ -72,7 +73,8 @@ class Load:
     open_loop_s: float = 15.0  # the Poisson level's arrivals span about this long
     startup_timeout_s: float = server.HEALTH_TIMEOUT_S
     anchor_rounds: int = 0  # rounds of b70bench's client and `vllm bench serve` alternating per closed level
-    tokenizer: str | None = None  # the tokenizer the anchor's text prompts need (the server's own)
+    tokenizer: str | None = None  # the server's tokenizer directory, which text prompts and the anchor need
+    text_prompts: bool = False  # send prompts as text the server tokenizes (as vllm bench serve does), not ids
     num_prompts: int | None = None  # counted requests per level (vLLM's --num-prompts); None: max(8, 4 x level)
     request_rate: float | None = None  # an open-loop level at this many requests/s (vLLM's --request-rate)
     seed: int = ARRIVAL_SEED  # the open loop's arrival times (vLLM's --seed)
@@ -163,10 +165,31 @@ def requests_for(concurrency: int) -> int:
     return max(MIN_REQUESTS, WAVES * concurrency)
 
 
-def prompts_for(n: int, prompt_len: int, offset: int) -> list[list[int]]:
-    """n fixed token-id prompts (decode's benchmark prompts); `offset` keeps levels from sending identical ones."""
-    out = child.bench_prompts(prompt_len, n + offset, None)
-    return out[offset:]
+def prompts_for(n: int, prompt_len: int, offset: int, tokenizer_dir: str | None = None) -> list[list[int]] | list[str]:
+    """n fixed token-id prompts (decode's benchmark prompts); `offset` keeps levels from sending identical ones.
+    With tokenizer_dir, the same prompts as text in that tokenizer, for a server that tokenizes them."""
+    out = child.bench_prompts(prompt_len, n + offset, None)[offset:]
+    return [text_prompt(ids, tokenizer_dir) for ids in out] if tokenizer_dir else out
+
+
+@functools.lru_cache(maxsize=4)
+def _tokenizer(tokenizer_dir: str):
+    from tokenizers import Tokenizer
+
+    path = Path(tokenizer_dir) / "tokenizer.json"
+    if not path.is_file():
+        raise ValueError(f"no tokenizer.json in {tokenizer_dir}")
+    return Tokenizer.from_file(str(path))
+
+
+def text_prompt(ids: list[int], tokenizer_dir: str) -> str:
+    """ids as the text that the tokenizer in tokenizer_dir reads back as the same ids, so a text prompt costs the
+    model the same tokens; ValueError where it does not (a tokenizer that merges pieces)."""
+    tok = _tokenizer(tokenizer_dir)
+    text = tok.decode(ids, skip_special_tokens=False)
+    if tok.encode(text, add_special_tokens=False).ids != list(ids):
+        raise ValueError(f"the tokenizer in {tokenizer_dir} does not read {len(ids)} random ids back from their text")
+    return text
 
 
 def open_loop(port, model, prompts, max_tokens, rate_per_s: float, seed: int = ARRIVAL_SEED, **kw) -> list[dict]:
@@ -261,18 +284,21 @@ def gate_through_api(port: int, vocab: int | None = None, timeout_s: float = 300
 def run_level(srv: server.Server, load: Load, kind: str, value: float, offset: int) -> dict:
     """One level on a running server: a warm-up wave (discarded), then the counted requests."""
     kw = {"timeout_s": load.timeout_s}
+    tok = load.tokenizer if load.text_prompts else None
     if kind == "concurrency":
         c = int(value)
         n = load.num_prompts or requests_for(c)
-        client.closed_loop(srv.port, SERVED_NAME, prompts_for(c, load.prompt_len, offset), load.output_len, c, **kw)
-        prompts = prompts_for(n, load.prompt_len, offset + c)
+        client.closed_loop(
+            srv.port, SERVED_NAME, prompts_for(c, load.prompt_len, offset, tok), load.output_len, c, **kw
+        )
+        prompts = prompts_for(n, load.prompt_len, offset + c, tok)
         with CpuShares(srv) as cpu, MetricsPoller(srv.port) as polled:
             t0 = time.monotonic()
             recs = client.closed_loop(srv.port, SERVED_NAME, prompts, load.output_len, c, **kw)
             duration_s = time.monotonic() - t0
     else:
         n = load.num_prompts or max(MIN_REQUESTS, int(round(value * load.open_loop_s)))
-        prompts = prompts_for(n, load.prompt_len, offset)
+        prompts = prompts_for(n, load.prompt_len, offset, tok)
         with CpuShares(srv) as cpu, MetricsPoller(srv.port) as polled:
             t0 = time.monotonic()
             recs = open_loop(srv.port, SERVED_NAME, prompts, load.output_len, value, seed=load.seed, **kw)
