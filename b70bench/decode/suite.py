@@ -45,17 +45,12 @@ def _tokenizer_for(canaries: list[dict], tokenizer: str | None, embedded: bool, 
     """Where the canaries' tokenizer comes from; a local model without one is refused before any start."""
     if not canaries:
         return None
-    if tokenizer:
-        path = Path(tokenizer).expanduser()
-        return str(path.resolve()) if path.exists() else tokenizer
-    if embedded:
-        return str(tokmod.ensure(Path(model_path), modelmod.embedded_config()))
-    if canary.local_without_tokenizer(model_path):
+    if not tokenizer and not embedded and canary.local_without_tokenizer(model_path):
         raise UsageError(
             f"text canaries need a tokenizer and {model_path} has none "
             f"({', '.join(canary.TOKENIZER_FILES)}): pass --tokenizer DIR or drop the canaries"
         )
-    return model_path
+    return tokmod.directory(tokenizer, embedded, model_path)
 
 
 def _cache_is_empty(root: Path) -> bool:

@@ -137,14 +137,10 @@ def measure(
         stack = dataclasses.replace(stack, model=model)
     embedded, model_path, model_label = stack.embedded, stack.model_path(), stack.model_label()
     if load.anchor_rounds or load.text_prompts:  # text prompts: the server tokenizes them, so it needs a tokenizer
-        load.tokenizer = str(
-            tokenizer.ensure(Path(model_path), modelmod.embedded_config())
-            if embedded
-            else (stack.tokenizer or model_path)
-        )
+        load.tokenizer = tokenizer.directory(None if embedded else stack.tokenizer, embedded, model_path)
     if load.text_prompts:
         try:
-            suite.text_prompt(suite.prompts_for(1, load.prompt_len, 0)[0], load.tokenizer)
+            suite.prompts_for(1, load.prompt_len, 0, load.tokenizer)
         except ValueError as err:
             raise UsageError(f"--text-prompts: {err}; run without it (token-id prompts)") from None
     out_dir = Path(out_dir) if out_dir else modelmod.cache_root() / "serve-runs" / time.strftime("%Y%m%dT%H%M%S")

@@ -15,6 +15,7 @@ import json
 from pathlib import Path
 
 from b70bench import records
+from b70bench.stack import model as modelmod
 
 # Part of the directory name: a change to the word list below must not reuse an old directory.
 TOKENIZER_VERSION = 1
@@ -82,3 +83,14 @@ def ensure(model_dir: Path, config: dict) -> Path:
         "tokenizer_config.json",
         lambda tmp: write(tmp, config["vocab_size"], config.get("max_position_embeddings", 8192)),
     )
+
+
+def directory(tokenizer: str | None, embedded: bool, model_path: str) -> str:
+    """Where a server's or engine's tokenizer comes from: the one named (a local path made absolute), else the
+    embedded model's word-level one, else the model's own directory or id."""
+    if tokenizer:
+        path = Path(tokenizer).expanduser()
+        return str(path.resolve()) if path.exists() else tokenizer
+    if embedded:
+        return str(ensure(Path(model_path), modelmod.embedded_config()))
+    return model_path
