@@ -76,6 +76,22 @@ def test_the_default_is_the_embedded_model_and_old_pins_still_match(tmp_path):
     assert gate.pinned({**key, "quantization": "int4"}, pins) is None  # another stack's numerics: not this pin
 
 
+def test_a_stack_files_gate_pins_live_beside_it_not_in_the_package(tmp_path):
+    st = description.load(write(tmp_path, 'model = "./model"'))
+    assert st.gate_file == str(tmp_path.resolve() / "gates.json")
+    named = description.load(write(tmp_path, 'name = "x"\ngate_file = "pins/lab.json"', "named.toml"))
+    assert named.gate_file == str(tmp_path.resolve() / "pins" / "lab.json")
+    assert named.hash() == description.load(write(tmp_path, 'name = "x"', "plain.toml")).hash()  # where pins are kept
+    assert description.default().gate_file is None  # the embedded model's pins ship with the package
+    key = st.gate_key("cuda:NVIDIA H100 80GB HBM3", "0.20.1")
+    before = gate.GATES_FILE.read_text()
+    gate.accept(key, "cd" * 32, st.gate_file)
+    assert gate.pinned(key, st.gate_file) == "cd" * 32 and gate.GATES_FILE.read_text() == before
+    shown = b70bench("stack", "show", str(tmp_path / "rig.toml"), "--backend", "cpu")
+    assert shown.returncode == 0, shown.stderr
+    assert "no pin" in shown.stdout  # the pin above is for a GPU; the CPU's key is not pinned beside this file
+
+
 @pytest.mark.parametrize(
     "text, words",
     [

@@ -110,6 +110,7 @@ def run(args) -> int:
         if getattr(args, key) is not None:
             kw["timeout_s" if key == "timeout" else key] = getattr(args, key)
     kw["engine_args"] = {**kw["engine_args"], **shapes.parse_engine_args(args.engine_arg)}
+    kw["gate_file"] = args.gate_file or kw["gate_file"]
     recs = suite.measure(
         args.shapes or list(stack.shapes or ()) or None,
         batch=args.batch,
@@ -121,7 +122,6 @@ def run(args) -> int:
         canaries=canaries,
         hooks=[hooksmod.resolve(h) for h in args.hook or []],
         out_dir=out_dir,
-        gate_file=args.gate_file,
         device=dev,
         fixed_layout=args.fixed_layout,
         on_record=_progress,
@@ -139,7 +139,7 @@ def run(args) -> int:
     if args.pytorch_json:
         pytorch_json.write(args.pytorch_json, pytorch_json.from_decode(recs))
     if args.accept_gate:
-        return accept([r for r in recs if r["ok"]], args.gate_file)
+        return accept([r for r in recs if r["ok"]], kw["gate_file"])
     return 1 if any(not r["ok"] or r.get("gate") == gate.FAIL for r in recs) else 0
 
 
@@ -209,7 +209,11 @@ def register(sub) -> None:
         help="seconds per run before it is killed (default: 1200, or the stack's start timeout if longer)",
     )
     p.add_argument("--out-dir", default=None, help="where vLLM logs go (default: next to --json, else ~/.cache)")
-    p.add_argument("--gate-file", default=None, help=f"pinned hashes (default {gate.GATES_FILE})")
+    p.add_argument(
+        "--gate-file",
+        default=None,
+        help="pinned hashes (default: the stack's, gates.json beside its file; the embedded model's ship with it)",
+    )
     p.add_argument(
         "--accept-gate",
         action="store_true",

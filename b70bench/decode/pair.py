@@ -202,9 +202,9 @@ def compare_series(
     return to_result(result, dirs, shape, tokens, min_effect, where, why, backend, stack)
 
 
-def _side_facts(blocks: list[Block], side: str, key: dict) -> dict:
+def _side_facts(blocks: list[Block], side: str, key: dict, gate_file: str | None) -> dict:
     """Gate and compile-cache keys of one side, from its engines' start messages and logs."""
-    hashes, gate_word = report.side_gate(blocks, side, key)
+    hashes, gate_word = report.side_gate(blocks, side, key, gate_file)
     keys, first = set(), None
     for b in blocks:
         log = Path(b.starts.get(side, {}).get("log_path") or "/nonexistent")
@@ -249,6 +249,6 @@ def to_result(
         "median_b": statistics.median(per_token["B"]) if per_token["B"] else None,
         "block_s_per_output_token": per_token,
         "series": {s: str(d) for s, d in dirs.items()},
-        "sides": {s: _side_facts(good, s, key) for s in SIDES},
+        "sides": {s: _side_facts(good, s, key, stack.gate_file) for s in SIDES},
         "block_records": [b.to_json() for b in result.blocks],
     }

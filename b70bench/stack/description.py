@@ -28,6 +28,8 @@ CPU_PROCESS_OVERHEAD_GIB = 1.5
 # The KV cache a CPU engine gets when the stack sets none (VLLM_CPU_KVCACHE_SPACE, GiB): two engines may live at
 # once, and a share of RAM would be drawn from what the other left free.
 CPU_DEFAULT_KV_GIB = 1.0
+# A stack file's gate pins live beside it under this name unless the file names another (`gate_file`).
+GATE_FILE_NAME = "gates.json"
 
 _TYPES = {
     "name": str,
@@ -48,6 +50,7 @@ _TYPES = {
     "server_args": list,
     "shapes": list,
     "start_timeout_s": float,
+    "gate_file": str,
 }
 
 
@@ -71,6 +74,9 @@ class Stack:
     server_args: tuple[str, ...] = ()
     shapes: tuple[str, ...] | None = None
     start_timeout_s: float = DEFAULT_START_TIMEOUT_S
+    # Where the gate's pins are read and written: beside the stack file unless it names one (the user's work, not the
+    # installed package); None for the embedded default, whose pins ship with the package.
+    gate_file: str | None = None
     source: str | None = None  # the file it was read from
 
     @property
@@ -213,6 +219,7 @@ class Stack:
         """Content of the description (without where it was read from): two files saying the same are one stack."""
         d = asdict(self)
         d.pop("source")
+        d.pop("gate_file")  # where pins are kept is not what is measured
         if self.env_file:
             d["env_file"] = environment.read_env_file(self.env_file)
         return hashlib.sha256(json.dumps(d, sort_keys=True, default=list).encode()).hexdigest()[:12]
@@ -302,6 +309,7 @@ def load(path: str | os.PathLike) -> Stack:
     for key in ("memory_fraction", "kv_cache_gib", "start_timeout_s"):
         if key in kw:
             kw[key] = float(kw[key])
+    kw["gate_file"] = local(kw.get("gate_file", GATE_FILE_NAME))
     if "env_file" in kw:
         kw["env_file"] = local(kw["env_file"])
         environment.read_env_file(kw["env_file"])  # a missing or malformed file is refused now, not at a start

@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# b70bench's vLLM paths on one NVIDIA GPU with no network: vLLM installed from the parts scripts/offline_vllm.py
+# packed (docs/offline-vllm.md), the embedded tiny MiniMax-M2 written as a model directory, a cuda stack.
+#   bash scripts/device/vllm_gpu.sh STAGE...     (from the repository root)
+# Stages, each under its own time limit, a failing one never stopping the next:
+#   setup       install vLLM from PARTS into SITE (once), write the model, two stacks (memory 0.9 and 0.4) and the
+#               series directories (base, graph, branch; scripts/device/gpu_series.py)
+#   decode      `decode --stack` one shape with --accept-gate (pins beside the stack), then again: the gate passes
+#   cachekey    `cache-key show` of that decode's compile cache, and `cache-key measure`
+#   kernels     moe-down's vllm variant beside triton and triton-htile; the allreduce vllm path with one rank
+#   aa|slow     `compare base base` / `compare base graph` on the 0.9 stack (auto: alternate)
+#   together    `compare base graph` on the 0.4 stack (auto: together)
+#   branch      `compare base branch` on the 0.9 stack: speed quiet, compile-cache key named
+#   serve       `serve --stack` at 1 and 4 requests, beside `vllm bench serve`
+# Environment: PARTS (/tmp/ov), SITE (/tmp/b70/site), WORK (/tmp/b70; logs in WORK/logs), OUT (results/vllm-gpu:
+# one .tgz a call of every log and JSON it wrote), PYTHON (python3),
+# BUDGET (compare minutes, 4), REPS and SIZE (the graph series' work, 8 and 64).
+set -uo pipefail
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$ROOT" || exit 1
+PARTS=${PARTS:-/tmp/ov}; WORK=${WORK:-/tmp/b70}; SITE=${SITE:-$WORK/site}; PY=${PYTHON:-python3}
+OUT=${OUT:-$ROOT/results/vllm-gpu}; LOGS=$WORK/logs; mkdir -p "$OUT" "$WORK" "$LOGS"
+BUDGET=${BUDGET:-4}
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export HF_HUB_OFFLINE=1 B70BENCH_HOME=$WORK/home B70BENCH_BACKEND=cuda
+export PYTHONPATH=$SITE:$ROOT${PYTHONPATH:+:$PYTHONPATH}
+export B70BENCH_COMMIT=${B70BENCH_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
+B="$PY -m b70bench"
+ALT=$WORK/alt.toml; TOG=$WORK/together.toml; S=$WORK/series
+
+stage() {  # NAME LIMIT_S COMMAND...: one logged, time-limited step
+  local name=$1 limit=$2; shift 2
+  local t0=$SECONDS
+  echo "== $name ($(date -u +%T), limit ${limit} s): $*"
+  timeout -k 20 "$limit" "$@" > "$LOGS/$name.log" 2>&1
+  local rc=$?
+  tail -n "${TAIL:-25}" "$LOGS/$name.log"
+  echo "== $name: rc=$rc in $((SECONDS - t0)) s"
+}
+
+stack_file() {  # PATH MEMORY_FRACTION
+  cat > "$1" <<EOF
+name = "tiny-$(basename "$1" .toml)-cuda"
+backend = "cuda"
+devices = [0]
+model = "./tiny-model"
+memory_fraction = $2
+shapes = ["p128n128"]
+start_timeout_s = 600
+
+[engine_args]
+attention_backend = "TRITON_ATTN"
+EOF
+}
+
+setup() {
+  if [[ ! -d $SITE/vllm ]]; then
+    $PY scripts/offline_vllm.py install --parts "$PARTS" --target "$SITE" || return 1
+  fi
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  $PY -c 'import torch, triton, vllm; print("torch", torch.__version__, "triton", triton.__version__,
+                                          "vllm", vllm.__version__, "gpu", torch.cuda.get_device_name(0))' || return 1
+  [[ -d $WORK/tiny-model ]] || $B stack write-model "$WORK/tiny-model" || return 1
+  stack_file "$ALT" 0.9; stack_file "$TOG" 0.4
+  $PY scripts/device/gpu_series.py "$S" --reps "${REPS:-8}" --size "${SIZE:-64}" || return 1
+  $B stack show "$ALT"; $B stack show "$TOG"
+}
+
+touch "$WORK/.call"
+for st in "$@"; do
+  case $st in
+    setup) echo "== setup ($(date -u +%T))"; setup > "$LOGS/setup.log" 2>&1; echo "== setup: rc=$?"
+           tail -n 30 "$LOGS/setup.log" ;;
+    decode)
+      stage decode-pin 400 $B decode --stack "$ALT" --runs 1 --no-cold --iterations 5 --accept-gate \
+        --json "$LOGS/decode-pin.json" --out-dir "$WORK/decode-pin"
+      stage decode 400 $B decode --stack "$ALT" --runs 2 --no-cold --iterations 10 --json "$LOGS/decode.json" \
+        --out-dir "$WORK/decode" ;;
+    cachekey)
+      dir=$(find "$WORK/decode" -maxdepth 3 -type d -name 'torch_compile_cache' 2>/dev/null | head -1)
+      stage cachekey-show 120 $B cache-key show "${dir:-$WORK/decode}"
+      stage cachekey-measure 400 $B cache-key measure --json "$LOGS/cachekey.json" ;;
+    kernels)
+      stage moe-down 400 $B moe-down --variants vllm triton triton-htile --tokens 1 4 16 --tp 1 4 --graph \
+        --json "$LOGS/moe-down.json"
+      stage allreduce-vllm 200 $B allreduce --path vllm --world-size 1 --sizes 8 6K 1M --json "$LOGS/allreduce.json" ;;
+    aa) stage compare-aa 590 $B compare "$S/base" "$S/base" --stack "$ALT" --budget "$BUDGET" \
+          --json "$LOGS/compare-aa.json" --out-dir "$WORK/compare-aa" ;;
+    slow) stage compare-slow 590 $B compare "$S/base" "$S/graph" --stack "$ALT" --budget "$BUDGET" \
+          --json "$LOGS/compare-slow.json" --out-dir "$WORK/compare-slow" ;;
+    together) stage compare-together 590 $B compare "$S/base" "$S/graph" --stack "$TOG" --budget "$BUDGET" \
+          --json "$LOGS/compare-together.json" --out-dir "$WORK/compare-together" ;;
+    branch) stage compare-branch 590 $B compare "$S/base" "$S/branch" --stack "$ALT" --budget "$BUDGET" \
+          --json "$LOGS/compare-branch.json" --out-dir "$WORK/compare-branch" ;;
+    serve) stage serve 590 $B serve --stack "$ALT" --concurrency 1 4 --anchor-rounds 2 --json "$LOGS/serve.json" \
+          --pytorch-json "$LOGS/serve.pytorch.json" --out-dir "$WORK/serve" ;;
+    *) echo "unknown stage $st (setup decode cachekey kernels aa slow together branch serve)"; exit 2 ;;
+  esac
+done
+# Everything this call wrote (stage logs, JSON, the engines' own logs) in one file: $OUT takes at most 8.
+find "$WORK" -path "$SITE" -prune -o -type f -newer "$WORK/.call" -size -20M \( -name '*.log' -o -name '*.json' \) \
+  -print | tar -czf "$OUT/vllm-gpu-${1:-none}.tgz" -T - 2>/dev/null
+ls -la "$OUT"
