@@ -12,14 +12,15 @@
 #   together    `compare base graph` on the 0.4 stack (auto: together)
 #   branch      `compare base branch` on the 0.9 stack: speed quiet, compile-cache key named
 #   serve       `serve --stack` at 1 and 4 requests, beside `vllm bench serve`
-# Environment: PARTS (/tmp/ov), SITE (/tmp/b70/site), WORK (/tmp/b70; logs in WORK/logs), OUT (results/vllm-gpu:
+# Environment: PARTS (the folder of the parts and parts.json; setup needs it until SITE holds vLLM), WORK (models,
+# stacks, series, caches, logs in WORK/logs; default results/vllm-gpu/work), SITE (WORK/site), OUT (results/vllm-gpu:
 # one .tgz a call of every log and JSON it wrote), PYTHON (python3),
 # BUDGET (compare minutes, 4), REPS and SIZE (the graph series' work, 8 and 64).
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$ROOT" || exit 1
-PARTS=${PARTS:-/tmp/ov}; WORK=${WORK:-/tmp/b70}; SITE=${SITE:-$WORK/site}; PY=${PYTHON:-python3}
-OUT=${OUT:-$ROOT/results/vllm-gpu}; LOGS=$WORK/logs; mkdir -p "$OUT" "$WORK" "$LOGS"
+OUT=${OUT:-$ROOT/results/vllm-gpu}; WORK=${WORK:-$ROOT/results/vllm-gpu/work}; SITE=${SITE:-$WORK/site}
+PARTS=${PARTS:-}; PY=${PYTHON:-python3}; LOGS=$WORK/logs; mkdir -p "$OUT" "$WORK" "$LOGS"
 BUDGET=${BUDGET:-4}
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export HF_HUB_OFFLINE=1 B70BENCH_HOME=$WORK/home B70BENCH_BACKEND=cuda
@@ -55,6 +56,7 @@ EOF
 
 setup() {
   if [[ ! -d $SITE/vllm ]]; then
+    [[ -n $PARTS ]] || { echo "no vLLM in $SITE: set PARTS to the folder of the parts (docs/offline-vllm.md)"; return 2; }
     $PY scripts/offline_vllm.py install --parts "$PARTS" --target "$SITE" || return 1
   fi
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
