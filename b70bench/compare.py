@@ -38,11 +38,12 @@ def format_result(res: dict, labels: dict) -> list[str]:
     interval = f"[{res['lo']:.3f}, {res['hi']:.3f}]" if res["lo"] is not None else "-"
     ratio = f"{res['ratio']:.3f}" if res["ratio"] is not None else "-"
     word = "levels" if "levels_per_side" in res else "calls"
+    b_gate = res.get("sides", {}).get("B", {})
+    text = f"B's speed withheld: {b_gate['gate_reason']}" if b_gate.get("gate") == 1 else res["text"]
     timed = f"{res[word + '_per_side']} {word}"
     lines = [
         f"{'shape':11} {res.get('figure_label', 's/output token A'):>17} {'B':>10}  {'B/A':>6} {'interval':17} verdict",
-        f"{res['shape']:11} {ms(res['median_a']):>17} {ms(res['median_b']):>10}  {ratio:>6} {interval:17} "
-        + res["text"],
+        f"{res['shape']:11} {ms(res['median_a']):>17} {ms(res['median_b']):>10}  {ratio:>6} {interval:17} " + text,
         f"samples: {res['blocks']} blocks ({res.get('placement', 'together')}: {res.get('placement_reason', '-')}) "
         f"of fresh A+B "
         f"{'servers' if res.get('suite') == 'serve' else 'engines'}, {res.get('starts', '-')} starts, "
@@ -62,6 +63,7 @@ def format_result(res: dict, labels: dict) -> list[str]:
     for s in SIDES:
         f = res["sides"][s]
         g = {0: "pass", 1: "FAIL", None: "unpinned"}[f["gate"]]
+        g += f" ({f['gate_reason']})" if f.get("gate_reason") else ""
         lines.append(f"side {s} ({labels[s]}): gate {g}; cache keys {' | '.join(f['cache_keys']) or '-'}")
     if any(res["sides"][s]["gate"] is None for s in SIDES) and res.get("suite") != "moe-down":
         lines.append(

@@ -85,7 +85,7 @@ class Verdict:
 
 
 # The text of a commit whose gate failed: its speed is withheld, so there is nothing to decide on.
-WITHHELD = "speed withheld: the gate failed (its tokens differ from the pinned hash)"
+WITHHELD = "speed withheld: the gate failed (its tokens differ from its parent's or from the pinned hash)"
 
 
 def _too_few(p: Point, reference: list[str], n: int, rule: str, what: str) -> Verdict:

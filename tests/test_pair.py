@@ -366,3 +366,26 @@ def test_alternate_starts_stay_quiet_on_identical_sides_and_name_large_slowdowns
     twenty = [simulate(seed, 0.20, hog=False, **alt) for seed in range(1200, 1220)]
     assert sum(r.decision.word == stats.SLOWER for r in twenty) >= 12, [r.text() for r in twenty]
     assert not any(r.decision.word == stats.FASTER for r in ten + twenty)
+
+
+def test_b_whose_tokens_differ_from_a_is_withheld_pinned_or_not(tmp_path):
+    """A numerics change beside its parent: B's gate fails on A's tokens alone, with no pin; equal tokens stay
+    unpinned (None), and a pin still checks both sides against the reviewed hash."""
+    from b70bench.paired.blocks import Block
+    from b70bench.paired.report import paired_gates
+    from b70bench.stack import gate
+
+    def blocks(a: str, b: str) -> list[Block]:
+        return [Block(i, starts={"A": {"token_sha256": a}, "B": {"token_sha256": b}}) for i in range(3)]
+
+    key = {"gate_version": gate.GATE_VERSION, "model": "m", "backend": "cpu:x", "vllm": "0", "dtype": "bf16", "tp": 1}
+    pins = tmp_path / "gates.json"
+    same = paired_gates(blocks("aa", "aa"), key, pins)
+    assert same["A"]["gate"] is None and same["B"]["gate"] is None and same["B"]["gate_reason"] is None
+    moved = paired_gates(blocks("aa", "bb"), key, pins)
+    assert moved["A"]["gate"] is None and moved["B"]["gate"] == 1
+    assert moved["B"]["gate_reason"] == "tokens differ from A's on the gate's prompts"
+    gate.accept({**key, "quantization": None}, "aa", pins)
+    pinned = paired_gates(blocks("aa", "bb"), {**key, "quantization": None}, pins)
+    assert pinned["A"]["gate"] == 0 and pinned["B"]["gate"] == 1
+    assert paired_gates(blocks("bb", "bb"), {**key, "quantization": None}, pins)["A"]["gate"] == 1

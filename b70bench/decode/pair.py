@@ -202,9 +202,8 @@ def compare_series(
     return to_result(result, dirs, shape, tokens, min_effect, where, why, backend, stack)
 
 
-def _side_facts(blocks: list[Block], side: str, key: dict, gate_file: str | None) -> dict:
-    """Gate and compile-cache keys of one side, from its engines' start messages and logs."""
-    hashes, gate_word = report.side_gate(blocks, side, key, gate_file)
+def _side_facts(blocks: list[Block], side: str, gate: dict) -> dict:
+    """Gate (report.paired_gates) and compile-cache keys of one side, from its engines' start messages and logs."""
     keys, first = set(), None
     for b in blocks:
         log = Path(b.starts.get(side, {}).get("log_path") or "/nonexistent")
@@ -217,8 +216,7 @@ def _side_facts(blocks: list[Block], side: str, key: dict, gate_file: str | None
         "cache_dir": (first or {}).get("cache_dir"),
         "cache_keys_full": sorted(keys),
         "kv_cache_tokens": (first or {}).get("kv_cache_tokens"),
-        "token_sha256": hashes,
-        "gate": gate_word,
+        **gate,
         "cache_keys": sorted(k[:12] for k in keys),
     }
 
@@ -237,7 +235,7 @@ def to_result(
     """A decode compare's JSON-able result: the verdict and what it took, per-block figures, each side's gate."""
     good = result.good
     stack = stack or description.default()
-    key = report.gate_key(stack, backend)
+    gates = report.paired_gates(good, report.gate_key(stack, backend), stack.gate_file)
     per_token = {s: [b.figure(s) / tokens for b in good if b.figure(s) is not None] for s in SIDES}
     return {
         "shape": shape,
@@ -249,6 +247,6 @@ def to_result(
         "median_b": statistics.median(per_token["B"]) if per_token["B"] else None,
         "block_s_per_output_token": per_token,
         "series": {s: str(d) for s, d in dirs.items()},
-        "sides": {s: _side_facts(good, s, key, stack.gate_file) for s in SIDES},
+        "sides": {s: _side_facts(good, s, gates[s]) for s in SIDES},
         "block_records": [b.to_json() for b in result.blocks],
     }

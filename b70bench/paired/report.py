@@ -27,6 +27,22 @@ def side_gate(blocks: list[Block], side: str, key: dict, gate_file=None) -> tupl
     return hashes, 0 if words and all(v == 0 for v in words) else None
 
 
+def paired_gates(blocks: list[Block], key: dict, gate_file=None) -> dict[str, dict]:
+    """Each side's gate ({"token_sha256", "gate", "gate_reason"}). A side fails where its starts' tokens differ from
+    the pin or among themselves (side_gate); B fails too where its tokens differ from A's, pinned or not: both sides
+    decoded the same prompts greedily on the same device in the same run, so A's tokens are the reference a pin
+    would be, and a commit that changes the numerics has no speed to compare."""
+    out = {}
+    for side in ("A", "B"):
+        hashes, word = side_gate(blocks, side, key, gate_file)
+        reason = "tokens differ from the pinned hash or among its starts" if word == 1 else None
+        out[side] = {"token_sha256": hashes, "gate": word, "gate_reason": reason}
+    a, b = out["A"]["token_sha256"], out["B"]["token_sha256"]
+    if a and b and set(a) != set(b):
+        out["B"].update(gate=1, gate_reason="tokens differ from A's on the gate's prompts")
+    return out
+
+
 def verdict_fields(
     result: Paired,
     min_effect: float,

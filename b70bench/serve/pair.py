@@ -184,12 +184,11 @@ def compare_series(
         out=out,
     )
     good = result.good
-    key = report.gate_key(stack, backend)
+    gates = report.paired_gates(good, report.gate_key(stack, backend), stack.gate_file)
     e2e = {s: [b.figure(s) for b in good if b.figure(s) is not None] for s in SIDES}
 
     def facts(s):
-        hashes, gate_word = report.side_gate(good, s, key, stack.gate_file)
-        return {"gate": gate_word, "token_sha256": hashes, "cache_keys": []}
+        return {**gates[s], "cache_keys": []}
 
     return {
         "suite": "serve",
