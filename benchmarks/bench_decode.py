@@ -38,6 +38,7 @@ from .common import (
     placement_code,
     samples,
     select_device,
+    setup_timeout_s,
     skip_if,
     stack_and_device,
     stack_param,
@@ -173,7 +174,7 @@ class Decode:
             out[shape] = summary
         return out
 
-    setup_cache.timeout = 3600
+    setup_cache.timeout = setup_timeout_s("B70BENCH_DECODE_BUDGET_MIN", len(params[0]), _starts)
 
     def setup(self, cache, shape, stack=None):
         if shape not in cache:

@@ -32,6 +32,7 @@ from .common import (
     paired_walk,
     placement_code,
     samples,
+    setup_timeout_s,
     skip_if,
     stack_and_device,
     stack_param,
@@ -141,7 +142,7 @@ class Serve:
         out["startup_s"] = [x for s in starts for x in s["startup_s"][:1]]
         return out
 
-    setup_cache.timeout = 3600
+    setup_cache.timeout = setup_timeout_s("B70BENCH_SERVE_BUDGET_MIN", len(params[0]), _starts)
 
     def setup(self, cache, concurrency, stack=None):
         if concurrency not in cache:

@@ -145,3 +145,29 @@ def test_paired_figures_are_one_sample_per_block():
     assert b.track_ratio_to_parent(cache, "s") == {"samples": [1.01, 0.99, 1.02], "number": 1}
     assert b.track_minutes(cache, "s") == 3.5 and b.track_calls(cache, "s") == 72
     assert math.isnan(b.track_ratio_to_parent({"s": {"ratio_to_parent": []}}, "s"))  # gate failed: withheld
+
+
+def test_asvs_set_up_limit_follows_the_stack_and_budget_not_an_hour(tmp_path):
+    """A rig's walk (starts of up to 30 minutes, a 70-minute budget a commit: docs/stacks.md) must never be cut by
+    asv's set-up timeout; the CPU default keeps at least the hour it had. Read at import, as asv reads it."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    (tmp_path / "model").mkdir()
+    rig = tmp_path / "rig.toml"
+    rig.write_text('model = "./model"\nstart_timeout_s = 1800\nshapes = ["p512n256", "p512n1536"]\n')
+    code = "from benchmarks import bench_decode as d, bench_serve as s; print(d.Decode.setup_cache.timeout, s.Serve.setup_cache.timeout)"  # noqa: E501
+
+    def limits(**env):
+        clean = {k: v for k, v in os.environ.items() if not k.startswith("B70BENCH_")}
+        out = subprocess.run([sys.executable, "-c", code], cwd=root, env={**clean, **env}, capture_output=True,
+                             text=True, check=True).stdout.split()  # fmt: skip
+        return [float(x) for x in out]
+
+    decode_s, serve_s = limits(B70BENCH_STACK=str(rig), B70BENCH_DECODE_BUDGET_MIN="70")
+    # Two shapes, each its 70-minute budget plus a block over it and the warm starts, at 30 minutes a start.
+    assert decode_s >= 2 * (70 * 60 + 4 * 1800) and serve_s > 3 * 1800
+    assert min(limits()) >= 3600
