@@ -314,7 +314,7 @@ class Verdicts(OutputPublisher):
             )
         rules = tuple(dict.fromkeys(v.rule for *_rest, v in rows)) or (verdicts.PAIRED, verdicts.UNPAIRED)
         # Commits whose source trees did not build (b70bench revisions): shown as such, never as a slowdown.
-        failed = walklog.failed_builds(conf.results_dir)
+        failed = walklog.failed_commits(conf.results_dir)
         for row in failed.values():
             row["subject"] = git.info(row["commit"])[1]
         util.write_json(
@@ -369,6 +369,8 @@ def _build_json(row: dict) -> dict:
         "commit": row["commit"],
         "subject": row.get("subject"),
         "machine": row.get("machine"),
+        "outcome": row.get("outcome"),
+        "error": row.get("error"),
         "tree": build.get("tree"),
         "command": build.get("command"),
         "exit": build.get("exit"),
@@ -379,6 +381,13 @@ def _build_json(row: dict) -> dict:
 
 def _failed_build_row(row: dict, hash_length: int) -> str:
     b = _build_json(row)
+    if b["outcome"] == walklog.MEASURE_FAILED:  # lost, not slower or faster: the cause, and measured again on resume
+        return (
+            f"<tr><td>-</td><td><code>{b['commit'][:hash_length]}</code> {html.escape(b['subject'] or '-')}</td>"
+            f"<td>-</td><td>-</td><td><b>measurement failed</b>: {html.escape(b['error'] or '-')}</td>"
+            f"<td>not measured (a resumed walk measures it again)</td><td>-</td>"
+            f"<td>{html.escape(b['machine'] or '-')}</td></tr>"
+        )
     last = b["headline"] or "(no output)"
     return (
         f"<tr><td>build of {html.escape(os.path.basename(b['tree'] or '-'))}</td><td><code>"

@@ -251,10 +251,21 @@ def walk(
                 )
                 if paths:  # asv drops PYTHONPATH from what it runs; ASV_PYTHONPATH is how it lets one through
                     env["ASV_PYTHONPATH"] = os.pathsep.join([*paths, *filter(None, [env.get("ASV_PYTHONPATH")])])
+                failures = Path(tmp) / commit / "failures.jsonl"
+                env[walklog.FAILURES_ENV] = str(failures)
                 cmd = asv_command(walker.python, commit, asv_args)
                 out(f"  {shlex.join(cmd)}")
                 row["asv_rc"] = run_benchmarks(cmd, env)
-                row["outcome"] = walklog.MEASURED
+                lost = walklog.read(failures)
+                if lost or row["asv_rc"] != 0:
+                    # Never "measured": the page says why, and a resumed walk measures the commit again.
+                    row["outcome"] = walklog.MEASURE_FAILED
+                    row["error"] = "; ".join(f"{f['what']}: {f['reason']}" for f in lost) or (
+                        f"asv exited {row['asv_rc']} (a benchmark failed; its stderr is above)"
+                    )
+                    out(f"  measurement failed: {row['error']}")
+                else:
+                    row["outcome"] = walklog.MEASURED
                 record.add(row)
             finally:
                 back = walker.restore(token)
@@ -420,10 +431,10 @@ def run(args) -> int:
     ensure_machine(walker.repo, machine)
     rows = walk(walker, commits, [*asv_args, "--machine", machine], record=record)
     print()
-    print(f"{'commit':10}  {'patch set':16}  {'outcome':13}  asv  restored  error")
+    print(f"{'commit':10}  {'patch set':16}  {'outcome':18}  asv  restored  error")
     for r in rows:
         print(
-            f"{r['commit'][:10]:10}  {r['patch_set_hash'] or '-':16}  {r['outcome'] or '-':13}  "
+            f"{r['commit'][:10]:10}  {r['patch_set_hash'] or '-':16}  {r['outcome'] or '-':18}  "
             f"{'-' if r['asv_rc'] is None else r['asv_rc']:>3}  {restored(r):8}  "
             f"{r['error'] or ''}"
         )

@@ -3,7 +3,8 @@
 `results/asv/<machine>/b70bench-walk.jsonl` (asv reads only `*.json` there, so it leaves the file alone; it travels
 with the machine's results when a sharded walk's results are gathered). A line says which commit was walked with
 which inputs (patch set, asv arguments, stack) and how it ended: measured (asv's exit status) or its build failed
-(the command and the build's last lines). `revisions` reads it to resume an interrupted walk without measuring a
+(the command and the build's last lines), or its measurement failed (asv's exit status and each lost measurement's
+cause, as the adapters reported it). `revisions` reads it to resume an interrupted walk without measuring a
 finished commit again; the website (asv_plugin) reads it to show a failed build as such.
 """
 
@@ -14,7 +15,10 @@ import os
 from pathlib import Path
 
 NAME = "b70bench-walk.jsonl"
-MEASURED, BUILD_FAILED = "measured", "build failed"
+MEASURED, BUILD_FAILED, MEASURE_FAILED = "measured", "build failed", "measurement failed"
+# Set by `revisions` for asv's benchmark processes: where an adapter writes why a measurement was lost (one JSON line
+# each) before it raises, so the walk's record and the page carry the cause, not only asv's exit status.
+FAILURES_ENV = "B70BENCH_WALK_FAILURES"
 
 
 def path(results_dir: Path, machine: str) -> Path:
@@ -56,16 +60,25 @@ def finished(rows: list[dict], inputs: dict) -> dict | None:
     return None
 
 
-def failed_builds(results_dir: Path) -> dict[str, dict]:
-    """commit -> its last failed-build row, over every machine's record under results_dir (row["machine"] says
-    which); a later measured row of the same commit on that machine withdraws it."""
+def failed_commits(results_dir: Path) -> dict[str, dict]:
+    """commit -> its last failed-build or failed-measurement row, over every machine's record under results_dir
+    (row["machine"] says which, row["outcome"] which failure); a later measured row of the same commit on that
+    machine withdraws it."""
     out: dict[str, dict] = {}
     root = Path(results_dir)
     for file in sorted(root.glob(f"*/{NAME}")):
         for row in read(file):
             commit = row.get("commit")
-            if row.get("outcome") == BUILD_FAILED:
+            if row.get("outcome") in (BUILD_FAILED, MEASURE_FAILED):
                 out[commit] = {**row, "machine": file.parent.name}
             elif row.get("outcome") == MEASURED and out.get(commit, {}).get("machine") == file.parent.name:
                 out.pop(commit, None)
     return out
+
+
+def report_failure(what: str, reason: str, environ: dict | None = None) -> None:
+    """An adapter's lost measurement (no block completed, an engine killed, a start timed out): one line in the file
+    FAILURES_ENV names, when a walk set it; the adapter raises afterwards, so asv records the benchmark failed."""
+    target = (os.environ if environ is None else environ).get(FAILURES_ENV)
+    if target:
+        append(Path(target), {"what": what, "reason": reason})

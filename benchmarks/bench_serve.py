@@ -29,6 +29,7 @@ from b70bench.stack import model as decode_model
 
 from .common import (
     budget_s_from_env,
+    lost_if_none,
     paired_walk,
     placement_code,
     samples,
@@ -86,6 +87,7 @@ def _paired_level(concurrency: int, backend: str, stack) -> dict:
         backend=backend,
         stack=stack,
     )
+    lost_if_none(res, f"serve c={concurrency}")
     withheld = res["sides"]["B"]["gate"] == 1
     also = {} if withheld else res.get("also") or {}
     return {

@@ -95,6 +95,18 @@ def setup_timeout_s(budget_env: str, measurements: int, starts) -> float:
     return max(3600.0, measurements * each + 600)
 
 
+def lost_if_none(res: dict, what: str) -> None:
+    """A paired measurement with no completed block is lost, not measured: its cause goes to the walk's record
+    (walklog.report_failure) and asv records the benchmark as failed, so a resumed walk measures it again."""
+    if res.get("blocks"):
+        return
+    from b70bench import walklog
+
+    reason = res.get("reason") or "no block completed"
+    walklog.report_failure(what, reason)
+    raise RuntimeError(f"{what}: measurement lost: {reason}")
+
+
 def walked_commit() -> str | None:
     """The commit asv is measuring: ASV_COMMIT in an environment asv built; in an existing one (`b70bench
     revisions`, which asv gives no ASV_COMMIT) B70BENCH_COMMIT, which revisions sets per commit."""

@@ -81,6 +81,7 @@ def test_walking_commits_pairs_each_level_with_the_parent(monkeypatch, tmp_path)
             "block_log_ses": [0.02, 0.03, 0.02],
             "minutes": 13.5,
             "levels_per_side": 24,
+            "blocks": 3,
         }
 
     monkeypatch.setattr(sides, "against_parent", fake_against_parent)

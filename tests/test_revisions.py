@@ -237,7 +237,7 @@ def test_walk_builds_tree_copies_records_a_failed_build_and_resumes(tree_history
     assert rows[2]["build"]["tail"] == ["kernel.c:1: error: tile"] and rows[2]["asv_rc"] is None
     assert len(list((tmp_path / "builds").glob("*/.b70bench-built.json"))) == 2  # commit 2 reused commit 1's build
     assert {p.name: p.read_bytes() for p in tree.iterdir() if p.is_file()} == before
-    assert walklog.failed_builds(tmp_path / "results")[commits[2]]["machine"] == "box"
+    assert walklog.failed_commits(tmp_path / "results")[commits[2]]["machine"] == "box"
     # Walked again (an interrupted walk resumed): every commit finished before is skipped.
     again = revisions.walk(
         walker,
@@ -252,6 +252,38 @@ def test_walk_builds_tree_copies_records_a_failed_build_and_resumes(tree_history
     # Other asv arguments are other inputs: measured again.
     other = revisions.Record(record.file, {"asv_args": ["--bench", "Decode"]})
     assert not any(other.finished(c, r["patch_set_hash"]) for c, r in zip(commits, rows, strict=True))
+
+
+def test_a_lost_measurement_is_recorded_with_its_cause_shown_and_measured_again(tree_history, tmp_path):
+    """An adapter whose paired blocks all failed (an engine killed with SIGKILL, say) reports the cause and raises,
+    so asv exits 2: the walk records "measurement failed" with that cause, never "measured"; the page's table lists
+    it; a resumed walk measures that commit again and only it."""
+    walker, _repo, _tree, commits = tree_history
+    killed = commits[1]
+
+    def fake_asv(cmd, env):
+        commit = cmd[cmd.index("--set-commit-hash") + 1]
+        if commit == killed:  # what benchmarks/common.lost_if_none does in asv's benchmark process
+            walklog.report_failure("decode p128n128b1", "every block failed; the last: side B: worker died (-9)", env)
+            return 2
+        return 0
+
+    record = revisions.Record(tmp_path / "results" / "box" / "b70bench-walk.jsonl", {"asv_args": []})
+    kw = dict(out=lambda *a: None, record=record, builds=tmp_path / "builds")
+    rows = revisions.walk(walker, commits, [], run_benchmarks=fake_asv, **kw)
+    assert [r["outcome"] for r in rows] == ["measured", "measurement failed", "build failed", "measured"]
+    assert rows[1]["error"] == "decode p128n128b1: every block failed; the last: side B: worker died (-9)"
+    failed = walklog.failed_commits(tmp_path / "results")
+    assert failed[killed]["outcome"] == "measurement failed"
+    from b70bench import asv_plugin
+
+    row = asv_plugin._failed_build_row({**failed[killed], "subject": "python only"}, 8)
+    assert "<b>measurement failed</b>: decode p128n128b1: every block failed" in row and "measures it again" in row
+    seen = []
+    again = revisions.walk(walker, commits, [], run_benchmarks=lambda c, e: seen.append(c) or 0, **kw)
+    assert [c[c.index("--set-commit-hash") + 1] for c in seen] == [killed]
+    assert [r["outcome"] for r in again] == ["measured", "measured", "build failed", "measured"]
+    assert killed not in walklog.failed_commits(tmp_path / "results")  # measured since: withdrawn from the page
 
 
 def test_shards_split_a_walk_into_independent_parts(tree_history):
