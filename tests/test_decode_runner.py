@@ -27,6 +27,13 @@ FAKE_CHILD = textwrap.dedent(f"""\
     elif mode == "crash":
         print("ValueError: Available memory is less than requested memory for kv", file=sys.stderr, flush=True)
         raise SystemExit(1)
+    elif mode == "teardown":
+        # The engine died (cause, then its wrapper), the child said so, then a worker's shutdown raised on its own.
+        print("ValueError: Available memory is less than requested memory for kv", flush=True)
+        print("RuntimeError: Worker failed with error 'memory', please check the stack trace above", flush=True)
+        print({RESULT_PREFIX!r} + json.dumps({{"ok": False, "error": "RuntimeError: Worker failed"}}), flush=True)
+        print("(Worker pid=1) RuntimeError: Found no NVIDIA driver on your system.", flush=True)
+        raise SystemExit(1)
     elif mode in ("hang", "orphan"):
         # An engine-like grandchild that ignores SIGTERM, as a wedged worker would.
         g = subprocess.Popen([sys.executable, "-c",
@@ -83,6 +90,12 @@ def test_runner_kills_the_whole_group(tmp_path, fake_child, mode, monkeypatch):
 
 def test_runner_reports_the_reason_of_a_crash(tmp_path, fake_child):
     res = runner.run_child({"mode": "crash"}, tmp_path / "run.log", env=fake_child.env, timeout_s=60)
+    assert not res.ok and res.returncode == 1
+    assert res.reason == "ValueError: Available memory is less than requested memory for kv"
+
+
+def test_runner_reason_ignores_what_teardown_logs_after_the_result_line(tmp_path, fake_child):
+    res = runner.run_child({"mode": "teardown"}, tmp_path / "run.log", env=fake_child.env, timeout_s=60)
     assert not res.ok and res.returncode == 1
     assert res.reason == "ValueError: Available memory is less than requested memory for kv"
 

@@ -94,7 +94,11 @@ def run_child(
         if timed_out:
             reason = f"timed out after {timeout_s:.0f} s (process group killed)"
         else:
-            reason = logs.failure_reason(text) or result.get("error") or f"child exited with code {proc.returncode}"
+            # The cause is logged before the child's result line; what follows is teardown (workers shutting down after
+            # the engine died, which can raise errors of their own that would otherwise read as the last cause).
+            cut = text.rfind("\n" + RESULT_PREFIX)
+            before = text[:cut] if cut >= 0 else text
+            reason = logs.failure_reason(before) or result.get("error") or f"child exited with code {proc.returncode}"
     return ChildRun(
         ok=ok,
         result=result,
