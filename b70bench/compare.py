@@ -27,7 +27,7 @@ from b70bench.decode import pair
 from b70bench.errors import UsageError
 from b70bench.paired import placement as placements
 from b70bench.paired import sides, stopping
-from b70bench.paired.blocks import SIDES, Side
+from b70bench.paired.blocks import SIDES, Settings, Side
 from b70bench.serve import server
 from b70bench.stack import description, environment, process, shapes
 from b70bench.stack import model as decode_model
@@ -78,7 +78,7 @@ def budget_text(args) -> str:
     return f"{args.budget:g} min{starts}"
 
 
-def plan_lines(args, stack: description.Stack, dev, where: str, why: str) -> list[str]:
+def plan_lines(args, stack: description.Stack, dev, where: str, why: str, settings=None) -> list[str]:
     """What a compare would run, without building a side or starting a process: the stack, the device, the
     placement and why, each side's start and the environment it gets beyond this shell's, the budget."""
     backend = dev.backend
@@ -101,13 +101,15 @@ def plan_lines(args, stack: description.Stack, dev, where: str, why: str) -> lis
         )
         base = pair.engine_env(stack, backend)
         for s in SIDES:
-            side = Side(s, Path(f"<out>/overlay-{s}"), sides.paired_cache_dir() / f"vllm-cache-{s}")
+            own = (settings or {}).get(s) or Settings()
+            side = Side(s, Path(f"<out>/overlay-{s}"), sides.paired_cache_dir() / f"vllm-cache-{s}", own)
             env = sides.side_env(environment.child_env(base, side.cache_root, stack.embedded, None), side, backend)
             # What differs from this shell's environment (PYTHONPATH: the side's overlay, then this checkout).
             shown = {k: v for k, v in sorted(env.items()) if k != "PYTHONPATH" and os.environ.get(k) != v}
             lines.append(
                 f"  side {s} environment (set by b70bench and the stack): "
                 + " ".join(f"{k}={v}" for k, v in shown.items())
+                + (f"; its own settings: {own.describe()}" if own else "")
             )
         if stack.env_unset:
             lines.append(f"  unset for every start: {' '.join(stack.env_unset)}")
@@ -161,18 +163,21 @@ def run(args) -> int:
         raise UsageError(f"--level {args.level} is outside [0.5, 1): pass e.g. 0.95")
     if not 0 < args.min_effect < 1:
         raise UsageError(f"--min-effect {args.min_effect} is outside (0, 1): pass e.g. 0.05 for 5%")
+    stack = description.load(args.stack) if args.stack else description.from_env()
+    # The stack's first shape unless one is named: a rig's stack says what its calls cost.
+    args.shape = args.shape or (stack.shapes[0] if stack.shapes else pair.DEFAULT_SHAPE)
     shapes.parse_shape(args.shape)
+    settings = side_settings(args)
     if args.max_starts is not None and args.max_starts < 4:
         raise UsageError(
             f"--max-starts {args.max_starts}: a verdict needs two blocks of two counted starts: pass 4 or more"
         )
-    stack = description.load(args.stack) if args.stack else description.from_env()
     dev = device.select(args.backend or stack.backend, None)
     backend = dev.backend
     stack.check_devices(backend, dev.count)
     where, why = placements.choose(args.placement, backend, None if args.suite == "moe-down" else stack)
     if args.plan:
-        print("\n".join(plan_lines(args, stack, dev, where, why)))
+        print("\n".join(plan_lines(args, stack, dev, where, why, settings)))
         return 0
     out_dir = (
         Path(args.out_dir) if args.out_dir else decode_model.cache_root() / "compare" / time.strftime("%Y%m%dT%H%M%S")
@@ -207,6 +212,9 @@ def run(args) -> int:
         dirs, labels = {}, {}
         for side, spec in zip(SIDES, (args.a, args.b), strict=True):
             dirs[side], labels[side] = sides.resolve_side(Path(args.repo).resolve(), spec, Path(tmp) / side / "patches")
+        for s in SIDES:
+            if settings[s]:
+                labels[s] += f" with {settings[s].describe()}"
         print(
             f"b70bench compare: A = {labels['A']} (patch set {patches.load(dirs['A']).hash}), "
             f"B = {labels['B']} (patch set {patches.load(dirs['B']).hash}); {stack.describe()}; on {backend}, "
@@ -226,6 +234,7 @@ def run(args) -> int:
             placement=args.placement,
             stack=stack,
             max_blocks=None if args.max_starts is None else args.max_starts // 2,
+            settings=settings,
             out=lambda line: print(line, flush=True),
         )
         with patches.env_lock(env, "b70bench compare (overlays read the installed vLLM)"):
@@ -234,6 +243,27 @@ def run(args) -> int:
             else:
                 res = pair.compare_series(dirs, env, out_dir, **common)
     return _report(res, labels, args)
+
+
+def side_settings(args) -> dict[str, Settings]:
+    """Each side's own environment variables and engine arguments (--a-env, --b-unset, --b-engine-arg, ...)."""
+    out = {}
+    for s in SIDES:
+        low = s.lower()
+        env = {}
+        for item in getattr(args, f"{low}_env") or []:
+            key, sep, value = item.partition("=")
+            if not sep or not key.replace("_", "").isalnum():
+                raise UsageError(f"--{low}-env {item!r}: write KEY=VALUE, e.g. --b-env VLLM_MY_FLAG=1")
+            env[key] = value
+        unset = tuple(getattr(args, f"{low}_unset") or ())
+        both = sorted(set(env) & set(unset))
+        if both:
+            raise UsageError(f"--{low}-env and --{low}-unset both name {both[0]}: keep one")
+        out[s] = Settings(env, unset, shapes.parse_engine_args(getattr(args, f"{low}_engine_arg")))
+    if args.suite == "moe-down" and any(out.values()):
+        raise UsageError("--a-env, --b-unset, --b-engine-arg and the like set a vLLM side; moe-down sides are kernels")
+    return out
 
 
 def _report(res: dict, labels: dict, args) -> int:
@@ -269,8 +299,27 @@ def register(sub) -> None:
     p.add_argument("b", nargs="?", help="side B: the same")
     p.add_argument("--python", default=None, metavar="PATH", help="interpreter of the environment (default: this one)")
     p.add_argument(
-        "--shape", default=pair.DEFAULT_SHAPE, metavar="pPnN[bB]", help=f"decode shape (default {pair.DEFAULT_SHAPE})"
+        "--shape",
+        default=None,
+        metavar="pPnN[bB]",
+        help=f"decode shape (default: the stack's first, else {pair.DEFAULT_SHAPE})",
     )
+    for s in "ab":
+        p.add_argument(
+            f"--{s}-env",
+            action="append",
+            metavar="KEY=VALUE",
+            help=f"a variable set in side {s.upper()}'s processes only (repeat): a flag A/B on one revision",
+        )
+        p.add_argument(
+            f"--{s}-unset", action="append", metavar="KEY", help=f"a variable removed from side {s.upper()}'s processes"
+        )
+        p.add_argument(
+            f"--{s}-engine-arg",
+            action="append",
+            metavar="KEY=VALUE",
+            help=f"one more LLM(...) argument for side {s.upper()} (serve: its `vllm serve` flag), JSON value",
+        )
     p.add_argument(
         "--budget",
         type=float,

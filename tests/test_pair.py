@@ -16,6 +16,7 @@ import os
 import random
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -389,3 +390,47 @@ def test_b_whose_tokens_differ_from_a_is_withheld_pinned_or_not(tmp_path):
     pinned = paired_gates(blocks("aa", "bb"), {**key, "quantization": None}, pins)
     assert pinned["A"]["gate"] == 0 and pinned["B"]["gate"] == 1
     assert paired_gates(blocks("bb", "bb"), {**key, "quantization": None}, pins)["A"]["gate"] == 1
+
+
+def test_sides_differ_by_settings_on_one_revision(tmp_path):
+    """A flag A/B on one commit: B's own variables and engine arguments reach B's engine only (A's unset removes a
+    variable from A alone); `compare` refuses a malformed setting in one line."""
+    from b70bench import compare
+    from b70bench.paired.blocks import Settings
+    from b70bench.paired.sides import side_env
+
+    started = {}
+
+    class Recorder:
+        def __init__(self, side, spec, env, log_path, python=None):
+            started[side] = (spec, env)
+            raise RuntimeError("recorded")
+
+    sides_ = {
+        "A": Side("A", None, tmp_path / "a", Settings(unset=("VLLM_FLAG",))),
+        "B": Side("B", None, tmp_path / "b", Settings({"VLLM_FLAG": "1"}, (), {"enforce_eager": True})),
+    }
+    target = pair.Target(sides_, {"engine_args": {"seed": 0}}, {"VLLM_FLAG": "0", "PATH": "/bin"}, tmp_path,
+                         engine_cls=Recorder)  # fmt: skip
+    for s in SIDES:
+        with pytest.raises(RuntimeError, match="recorded"):
+            target.start(s, f"{s}0")
+    assert "VLLM_FLAG" not in started["A"][1] and started["B"][1]["VLLM_FLAG"] == "1"
+    assert started["A"][0]["engine_args"] == {"seed": 0}
+    assert started["B"][0]["engine_args"] == {"seed": 0, "enforce_eager": True}
+    assert side_env({"X": "1"}, sides_["B"], "cuda")["VLLM_FLAG"] == "1"
+    assert sides_["B"].settings.describe() == "VLLM_FLAG=1, enforce_eager=True"
+
+    def args(**kw):
+        base = dict(a_env=None, b_env=None, a_unset=None, b_unset=None, a_engine_arg=None, b_engine_arg=None)
+        return SimpleNamespace(suite="decode", **{**base, **kw})
+
+    got = compare.side_settings(args(b_env=["VLLM_FLAG=1"], a_unset=["VLLM_FLAG"]))
+    assert got["B"].env == {"VLLM_FLAG": "1"} and got["A"].unset == ("VLLM_FLAG",) and not got["A"].env
+    for bad, words in (
+        (args(b_env=["VLLM_FLAG"]), "--b-env 'VLLM_FLAG': write KEY=VALUE"),
+        (args(b_env=["X=1"], b_unset=["X"]), "both name X"),
+        (SimpleNamespace(**{**vars(args(b_env=["X=1"])), "suite": "moe-down"}), "moe-down sides are kernels"),
+    ):
+        with pytest.raises(UsageError, match=words):
+            compare.side_settings(bad)

@@ -95,7 +95,10 @@ class Target:
         env = sides.side_env(
             environment.child_env(self.base_env, s.cache_root, self.stack.embedded, None), s, self.backend
         )
-        engine = self.engine_cls(side, self.spec, env, self.out_dir / f"{label}.log", self.python)
+        spec = self.spec
+        if s.settings.engine_args:
+            spec = {**spec, "engine_args": {**(spec.get("engine_args") or {}), **s.settings.engine_args}}
+        engine = self.engine_cls(side, spec, env, self.out_dir / f"{label}.log", self.python)
         return EngineHandle(engine, self.gap_s, self.stack.start_timeout_s)
 
 
@@ -162,6 +165,7 @@ def compare_series(
     max_blocks: int | None = None,
     spec: dict | None = None,
     cache_dir: Path | None = None,
+    settings: dict | None = None,
 ) -> dict:
     """Measure B against A (series directories) in blocks until decided; returns the result as one JSON-able dict.
 
@@ -171,7 +175,7 @@ def compare_series(
     stack = stack or description.default()
     where, why = placements.choose(placement, backend, stack)
     out(f"placement: {where} ({why})")
-    sides_ = sides.build_sides(dirs, env, out_dir, cache_dir)
+    sides_ = sides.build_sides(dirs, env, out_dir, cache_dir, settings)
     spec = dict(spec) if spec is not None else stack.engine_spec(shape)
     target = Target(
         sides_,
@@ -199,7 +203,8 @@ def compare_series(
         max_blocks=max_blocks,
         out=out,
     )
-    return to_result(result, dirs, shape, tokens, min_effect, where, why, backend, stack)
+    res = to_result(result, dirs, shape, tokens, min_effect, where, why, backend, stack)
+    return {**res, "settings": {s: sides_[s].settings.to_json() for s in SIDES}}
 
 
 def _side_facts(blocks: list[Block], side: str, gate: dict) -> dict:

@@ -24,12 +24,35 @@ MIN_ROUNDS_FOR_SE = 24
 
 
 @dataclass
+class Settings:
+    """What one side sets beyond its revision: variables set or removed in its processes' environment and more
+    keyword arguments for what the target starts (an engine's). Empty on both sides: the sides differ by revision."""
+
+    env: dict = field(default_factory=dict)
+    unset: tuple[str, ...] = ()
+    engine_args: dict = field(default_factory=dict)
+
+    def __bool__(self) -> bool:
+        return bool(self.env or self.unset or self.engine_args)
+
+    def describe(self) -> str:
+        bits = [f"{k}={v}" for k, v in sorted(self.env.items())] + [f"unset {k}" for k in self.unset]
+        bits += [f"{k}={v!r}" for k, v in sorted(self.engine_args.items())]
+        return ", ".join(bits) or "-"
+
+    def to_json(self) -> dict:
+        return {"env": dict(self.env), "unset": list(self.unset), "engine_args": dict(self.engine_args)}
+
+
+@dataclass
 class Side:
-    """What one side runs: its vLLM overlay (None: the environment as installed) and its compile cache."""
+    """What one side runs: its vLLM overlay (None: the environment as installed), its compile cache, and the
+    settings it alone has."""
 
     name: str
     overlay: Path | None
     cache_root: Path
+    settings: Settings = field(default_factory=Settings)
 
 
 @dataclass

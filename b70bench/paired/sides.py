@@ -13,7 +13,7 @@ from pathlib import Path
 
 from b70bench import history, patches
 from b70bench.errors import UsageError
-from b70bench.paired.blocks import SIDES, Side
+from b70bench.paired.blocks import SIDES, Settings, Side
 from b70bench.stack import model as decode_model
 
 # How far back against_parent looks for an ancestor whose series installs.
@@ -34,6 +34,9 @@ def side_env(env: dict, side: Side, backend: str) -> dict:
         env["PYTHONPATH"] = os.pathsep.join([*paths, *filter(None, [env.get("PYTHONPATH")])])
     if backend != "cpu" and side.cache_root is not None:
         env["TRITON_CACHE_DIR"] = str(Path(side.cache_root) / "triton")
+    env.update({k: str(v) for k, v in side.settings.env.items()})
+    for key in side.settings.unset:
+        env.pop(key, None)
     return env
 
 
@@ -54,9 +57,15 @@ def resolve_side(repo: Path, spec: str, dest: Path) -> tuple[Path, str]:
     return history.export_patches(repo, commit, dest), commit[:12]
 
 
-def build_sides(dirs: dict[str, Path], env: patches.Env, out_dir: Path, cache_dir: Path | None) -> dict[str, Side]:
-    """Each side's overlay (its own patched copy of vLLM) and compile cache; refused in one line if a series
-    does not apply, leaving no directory behind."""
+def build_sides(
+    dirs: dict[str, Path],
+    env: patches.Env,
+    out_dir: Path,
+    cache_dir: Path | None,
+    settings: dict[str, Settings] | None = None,
+) -> dict[str, Side]:
+    """Each side's overlay (its own patched copy of vLLM), compile cache and settings; refused in one line if a
+    series does not apply, leaving no directory behind."""
     created = next((p for p in reversed([out_dir, *out_dir.parents]) if not p.exists()), None)
     out_dir.mkdir(parents=True, exist_ok=True)
     sides = {}
@@ -69,7 +78,7 @@ def build_sides(dirs: dict[str, Path], env: patches.Env, out_dir: Path, cache_di
             if isinstance(err, patches.trees.BuildFailed):
                 raise  # its record goes to the walk's results as a failed build
             raise UsageError(f"side {s} ({dirs[s]}): {err}") from None
-        sides[s] = Side(s, ov, (cache_dir or out_dir) / f"vllm-cache-{s}")
+        sides[s] = Side(s, ov, (cache_dir or out_dir) / f"vllm-cache-{s}", (settings or {}).get(s) or Settings())
     return sides
 
 

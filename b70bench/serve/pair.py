@@ -103,7 +103,8 @@ class Target:
     def start(self, side: str, label: str) -> _Live:
         s = self.sides[side]
         env = sides.side_env(suite.server_env(self.base_env, self.backend, s.cache_root, self.stack), s, self.backend)
-        srv = self.server_cls(self.args, env, self.out_dir / f"{label}.log", python=self.python)
+        args = self.args + suite.engine_flags(s.settings.engine_args)  # later flags win in vLLM's parser
+        srv = self.server_cls(args, env, self.out_dir / f"{label}.log", python=self.python)
         srv.launch()
         return _Live(side, srv, self.load)
 
@@ -149,12 +150,13 @@ def compare_series(
     server_cls=server.Server,
     stack: Stack | None = None,
     max_blocks: int | None = None,
+    settings: dict | None = None,
 ) -> dict:
     """B against A (series directories), servers of the stack paired at one concurrency; one JSON-able dict."""
     stack = stack or description.default()
     where, why = placements.choose(placement, backend, stack)
     out(f"placement: {where} ({why})")
-    sides_ = sides.build_sides(dirs, env, out_dir, cache_dir)
+    sides_ = sides.build_sides(dirs, env, out_dir, cache_dir, settings)
     load = suite.Load.from_shape(shape, concurrency=(concurrency,), startup_timeout_s=stack.start_timeout_s)
     args = suite.server_args_for(stack, load, concurrency, "" if stack.embedded else stack.tokenizer)
     target = Target(
@@ -204,6 +206,7 @@ def compare_series(
         # TPOT and TTFT from the same blocks, by the same decision (the stopping rule followed E2E).
         "also": {key: result.also(key, min_effect, floor) for key in ALSO_DECIDED},
         "series": {s: str(d) for s, d in dirs.items()},
+        "settings": {s: sides_[s].settings.to_json() for s in SIDES},
         "sides": {s: facts(s) for s in SIDES},
         "block_records": [b.to_json() for b in result.blocks],
     }

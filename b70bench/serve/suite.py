@@ -122,13 +122,19 @@ def server_args_for(stack: Stack, load: Load, max_num_seqs: int, tokenizer: str 
         args += ["--tensor-parallel-size", str(stack.tp)]
     if stack.memory_fraction is not None:
         args += ["--gpu-memory-utilization", f"{stack.memory_fraction:g}"]
-    for key, value in stack.engine_args_full().items():
+    return args + engine_flags(stack.engine_args_full()) + list(stack.server_args)
+
+
+def engine_flags(engine_args: dict) -> list[str]:
+    """LLM(...) keywords as `vllm serve` flags: true is the flag alone, false and None are left out."""
+    args: list[str] = []
+    for key, value in engine_args.items():
         flag = "--" + key.replace("_", "-")
         if value is True:
             args.append(flag)
         elif value is not False and value is not None:
             args += [flag, value if isinstance(value, str) else json.dumps(value)]
-    return args + list(stack.server_args)
+    return args
 
 
 def server_env(base: dict, backend: str, cache_root: Path | None, stack: Stack) -> dict:
