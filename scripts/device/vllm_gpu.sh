@@ -4,13 +4,14 @@
 #   bash scripts/device/vllm_gpu.sh STAGE...     (from the repository root)
 # Stages, each under its own time limit, a failing one never stopping the next:
 #   setup       install vLLM from PARTS into SITE (once), write the model, two stacks (memory 0.9 and 0.4) and the
-#               series directories (base, graph, branch; scripts/device/gpu_series.py)
+#               series directories (base, graph, branch, flagged; scripts/demo_series.py)
 #   decode      `decode --stack` one shape with --accept-gate (pins beside the stack), then again: the gate passes
 #   cachekey    `cache-key show` of that decode's compile cache, and `cache-key measure`
 #   kernels     moe-down's vllm variant beside triton and triton-htile; the allreduce vllm path with one rank
 #   aa|slow     `compare base base` / `compare base graph` on the 0.9 stack (auto: alternate)
 #   together    `compare base graph` on the 0.4 stack (auto: together)
 #   branch      `compare base branch` on the 0.9 stack: speed quiet, compile-cache key named
+#   flag        `compare base flagged --b-env FLAG=1` (in-graph work on: slower), then `compare base flagged` (off)
 #   serve       `serve --stack` at 1 and 4 requests, beside `vllm bench serve`
 # Environment: PARTS (the folder of the parts and parts.json; setup needs it until SITE holds vLLM), WORK (models,
 # stacks, series, caches, logs in WORK/logs; default results/vllm-gpu/work), SITE (WORK/site), OUT (results/vllm-gpu:
@@ -64,7 +65,7 @@ setup() {
                                           "vllm", vllm.__version__, "gpu", torch.cuda.get_device_name(0))' || return 1
   [[ -d $WORK/tiny-model ]] || $B stack write-model "$WORK/tiny-model" || return 1
   stack_file "$ALT" 0.9; stack_file "$TOG" 0.4
-  $PY scripts/device/gpu_series.py "$S" --reps "${REPS:-8}" --size "${SIZE:-64}" || return 1
+  $PY scripts/demo_series.py "$S" --reps "${REPS:-8}" --size "${SIZE:-64}" || return 1
   $B stack show "$ALT"; $B stack show "$TOG"
 }
 
@@ -94,9 +95,14 @@ for st in "$@"; do
           --json "$LOGS/compare-together.json" --out-dir "$WORK/compare-together" ;;
     branch) stage compare-branch 590 $B compare "$S/base" "$S/branch" --stack "$ALT" --budget "$BUDGET" \
           --json "$LOGS/compare-branch.json" --out-dir "$WORK/compare-branch" ;;
+    flag)
+      stage compare-flag-on 590 $B compare "$S/base" "$S/flagged" --b-env VLLM_B70BENCH_FLAGGED_WORK=1 --stack "$ALT" \
+        --budget "$BUDGET" --json "$LOGS/compare-flag-on.json" --out-dir "$WORK/compare-flag-on"
+      stage compare-flag-off 590 $B compare "$S/base" "$S/flagged" --stack "$ALT" --budget "$BUDGET" \
+        --json "$LOGS/compare-flag-off.json" --out-dir "$WORK/compare-flag-off" ;;
     serve) stage serve 590 $B serve --stack "$ALT" --concurrency 1 4 --anchor-rounds 2 --json "$LOGS/serve.json" \
           --pytorch-json "$LOGS/serve.pytorch.json" --out-dir "$WORK/serve" ;;
-    *) echo "unknown stage $st (setup decode cachekey kernels aa slow together branch serve)"; exit 2 ;;
+    *) echo "unknown stage $st (setup decode cachekey kernels aa slow together branch flag serve)"; exit 2 ;;
   esac
 done
 # Everything this call wrote (stage logs, JSON, the engines' own logs) in one file: $OUT takes at most 8.
