@@ -75,8 +75,13 @@ def run(args) -> int:
         print(f"pinned {found} for {ident} in {pins}")
         return 0
     from b70bench import device as devmod
+    from b70bench.decode import suite
+    from b70bench.stack import description
 
-    dev = devmod.select(args.backend, args.device_index)
+    # The stack's model, TP, numerics, environment and engine arguments: the key its own starts would choose.
+    stack = description.load(args.stack) if args.stack else description.from_env()
+    dev = devmod.select(args.backend or stack.backend, args.device_index)
+    stack.check_devices(dev.backend, dev.count)
     rows = measure(
         dev,
         shape=args.shape,
@@ -84,6 +89,7 @@ def run(args) -> int:
         machine=args.machine,
         auto_pin=not args.no_auto_pin,
         records_dir=records_dir,
+        decode_kwargs=suite.stack_kwargs(stack),
     )
     print(records.format_table([_short(r) for r in rows], COLUMNS))
     if args.json:
@@ -117,6 +123,7 @@ def register(sub) -> None:
         help=f"where per-commit cache-key records are saved and looked up (default: records/ in the "
         f"state directory, {state.HOME_ENV}, else the asv project's results/)",
     )
+    cli.add_stack_arg(p)
     cli.add_device_args(p)
     cli.add_json_arg(p)
     p.set_defaults(func=_dispatch)
