@@ -121,14 +121,17 @@ def dist_only(pdir: Path, ps: patches.PatchSet, dest: Path) -> Path:
     return dest
 
 
-def build_trees(ps: patches.PatchSet, builds: Path | None, out=print, sites: list[Path] | None = None) -> list[str]:
+def build_trees(
+    ps: patches.PatchSet, builds: Path | None, out=print, sites: list[Path] | None = None, python: str | None = None
+) -> list[str]:
     """The series' source trees built (or found built) for this commit; their import paths, first first. `sites`:
-    the walked environment's site-packages, which a build must not install into."""
+    the walked environment's site-packages, which a build must not install into; `python`: its interpreter, first
+    on the build command's PATH."""
     groups = patches.trees.by_tree(ps.patches)
     return [
         path
         for tree, (command, group) in groups.items()
-        for path in patches.trees.build(tree, group, command, builds, out=out, sites=sites).python_path()
+        for path in patches.trees.build(tree, group, command, builds, out=out, sites=sites, python=python).python_path()
     ]
 
 
@@ -224,7 +227,7 @@ def walk(
                 continue
             out(f"[{i}/{len(commits)}] {commit[:10]}: patch set {row['patch_set_hash']}")
             try:
-                paths = build_trees(ps, builds, out=lambda line: out(f"  {line}"), sites=sites)
+                paths = build_trees(ps, builds, out=lambda line: out(f"  {line}"), sites=sites, python=walker.python)
             except patches.trees.BuildFailed as err:
                 row.update(outcome=walklog.BUILD_FAILED, error=str(err), build=err.record)
                 out(f"  build failed, not measured: {err}")
@@ -278,12 +281,22 @@ def walk(
     return rows
 
 
-def check_backend(python: str, stack: description.Stack) -> None:
-    """Refuse, in one line, to walk a stack on an environment that lacks its backend (a CPU build for a GPU stack)."""
-    if not stack.backend or stack.backend == "cpu":
+def check_environment(python: str, stack: description.Stack | None) -> None:
+    """Refuse, in one line, to walk an environment asv's benchmark processes cannot run in: b70bench or asv's runner
+    not installed there (the adapters import both in that interpreter, not in this checkout), or a stack's backend
+    it lacks (a CPU build for a GPU stack). Asked from outside the checkout, so this checkout's b70bench is not what
+    answers."""
+    fix = f"install them there: {python} -m pip install -e {ROOT} asv_runner"
+    got = subprocess.run(
+        [python, "-c", "import asv_runner, b70bench"], capture_output=True, text=True, cwd=tempfile.gettempdir()
+    )
+    if got.returncode != 0:
+        missing = (got.stderr.strip().splitlines() or ["?"])[-1]
+        raise UsageError(f"the environment of {python} cannot run the benchmarks ({missing}); {fix}")
+    if stack is None or not stack.backend or stack.backend == "cpu":
         return
     code = f"from b70bench import device; print(device.device_count({stack.backend!r}))"
-    got = subprocess.run([python, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    got = subprocess.run([python, "-c", code], capture_output=True, text=True, cwd=tempfile.gettempdir())
     count = got.stdout.strip()
     if got.returncode != 0 or not count.isdigit() or int(count) == 0:
         raise UsageError(
@@ -416,7 +429,8 @@ def run(args) -> int:
     stack_hash, stack = None, description.from_env()
     if args.stack:
         stack = description.load(args.stack)  # a bad file is refused before anything is applied
-        check_backend(python, stack)
+    check_environment(python, stack if args.stack else None)
+    if args.stack:
         os.environ[description.ENV_VAR] = stack.source  # the asv adapters read it in asv's processes
         stack_hash = stack.hash()
     machine = args.machine or platform.node()

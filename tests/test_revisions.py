@@ -402,3 +402,24 @@ def test_an_interrupted_walk_reaps_asv_and_what_it_started(tmp_path):
         signal.signal(signal.SIGALRM, before)
     child = int(pidfile.read_text())
     assert not Path(f"/proc/{child}").exists() or "zombie" in Path(f"/proc/{child}/status").read_text().lower()
+
+
+def test_an_environment_without_b70bench_is_refused_and_builds_use_the_walked_python(tmp_path):
+    """asv's benchmark processes import b70bench and asv_runner in the walked interpreter: one lacking them is refused
+    in one line with the install command, even when run from this checkout. A tree's build command finds the walked
+    environment's interpreter first on PATH."""
+    import venv
+
+    from b70bench.patches import trees
+
+    bare = tmp_path / "bare"
+    venv.create(bare, with_pip=False)
+    with pytest.raises(UsageError, match=r"cannot run the benchmarks .*pip install -e .* asv_runner"):
+        revisions.check_environment(str(bare / "bin" / "python"), None)
+    revisions.check_environment(sys.executable, None)  # this environment has both
+    fake = tmp_path / "env" / "bin"
+    fake.mkdir(parents=True)
+    (fake / "python").write_text("#!/bin/sh\necho walked\n")
+    (fake / "python").chmod(0o755)
+    rc = trees._run("python > out.txt", tmp_path, tmp_path / "build.log", 60, str(fake / "python"))
+    assert rc == 0 and (tmp_path / "out.txt").read_text() == "walked\n"

@@ -133,12 +133,15 @@ def _apply(copy: Path, tree_patches: list[Patch]) -> None:
                 path.write_bytes(new)
 
 
-def _run(command: str, cwd: Path, log: Path, timeout_s: float) -> int:
+def _run(command: str, cwd: Path, log: Path, timeout_s: float, python: str | None = None) -> int:
     """The build command in its own process group, output to log; the whole group is reaped on a timeout or an
-    interrupt, so no compiler outlives the walk."""
+    interrupt, so no compiler outlives the walk. python: the walked environment's interpreter, whose folder comes
+    first on PATH (a `python -m pip` or `python setup.py` in the command builds against that environment's torch)."""
     from b70bench.stack.process import kill_group
 
     env = dict(os.environ, **{SITE_ENV: str(cwd / SITE_DIR)})
+    if python:
+        env["PATH"] = os.pathsep.join([str(Path(python).absolute().parent), env.get("PATH", "")])
     with open(log, "wb") as out:
         proc = subprocess.Popen(
             command, shell=True, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
@@ -252,6 +255,7 @@ def build(
     cache: Path | None = None,
     out=print,
     sites: list[Path] | None = None,
+    python: str | None = None,
 ) -> Built:
     """The built copy of tree at its HEAD with tree_patches applied; cached; raises BuildFailed (recorded) or a
     UsageError (the tree or a patch is unusable: nothing is recorded, since nothing was built). `sites`: the shared
@@ -279,7 +283,7 @@ def build(
                 out(f"b70bench: building {root} at {head[:12]} + {len(tree_patches)} patch(es): {command}")
                 sites = shared_sites() if sites is None else sites
                 t0, marks = time.monotonic(), installs(sites)
-                rc = _run(command, tmp, log, timeout_s)
+                rc = _run(command, tmp, log, timeout_s, python)
                 wrote = installed_by_build(marks, installs(sites))
                 shared = None
                 if rc == 0 and wrote:
