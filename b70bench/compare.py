@@ -16,6 +16,7 @@ targets, the paired package the measurement.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import tempfile
@@ -73,6 +74,32 @@ def format_result(res: dict, labels: dict) -> list[str]:
     return lines
 
 
+def first_look_cost_s(args, stack: description.Stack, where: str) -> float | None:
+    """Seconds the first look takes where the stack states what a warm start and a call cost (decode), else None."""
+    if args.suite != "decode" or not stack.start_s or stack.call_s is None:
+        return None
+    calls = args.rounds + pair.DEFAULT_WARMUP_CALLS
+    return stopping.first_look_s(stack.start_s, stack.call_s, calls, stopping.DEFAULT_FIRST_BLOCKS, where)
+
+
+def check_budget(args, stack: description.Stack, where: str) -> None:
+    """The budget unless named: sized from the stack's start and call cost (stopping.default_budget_min); a named
+    one that cannot reach the first look is refused before anything starts."""
+    cost = first_look_cost_s(args, stack, where)
+    if args.budget is None:
+        calls = args.rounds + pair.DEFAULT_WARMUP_CALLS
+        args.budget = stopping.default_budget_min(
+            stack.start_s if cost else None, stack.call_s, calls, stopping.DEFAULT_FIRST_BLOCKS, where
+        )
+    elif cost and args.budget * 60 < cost:
+        blocks = stopping.first_look_blocks(stopping.DEFAULT_FIRST_BLOCKS, where)
+        raise UsageError(
+            f"--budget {args.budget:g} min does not reach a first look: {blocks} {where} blocks of {args.rounds} "
+            f"rounds take ~{cost / 60:.0f} min at the stack's start_s {stack.start_s:g} s and call_s "
+            f"{stack.call_s:g} s: pass --budget {math.ceil(cost / 60)} or more, or fewer --rounds"
+        )
+
+
 def budget_text(args) -> str:
     starts = f" or {args.max_starts} counted starts, whichever comes first" if args.max_starts else ""
     return f"{args.budget:g} min{starts}"
@@ -120,6 +147,16 @@ def plan_lines(args, stack: description.Stack, dev, where: str, why: str, settin
         else ""
     )
     first = stopping.first_look_blocks(stopping.DEFAULT_FIRST_BLOCKS, where)
+    cost = first_look_cost_s(args, stack, where)
+    if cost:
+        lines.append(
+            f"  cost: the first look ~{cost / 60:.0f} min ({first} blocks at the stack's warm start "
+            f"{stack.start_s:g} s and call {stack.call_s:g} s; {2 * first} counted starts)"
+        )
+    elif args.suite == "decode":
+        lines.append(
+            "  cost: unknown (state start_s and call_s, measured, in the stack for the plan to size the budget)"
+        )
     lines.append(
         f"  budget: {budget_text(args)}; a block is one counted start per side ({rounds} each); {warm}first look "
         f"after {first} blocks (each started while the budget is not spent, or fewer), then blocks double "
@@ -134,7 +171,7 @@ def run(args) -> int:
     env = patches.Env(prefix, (args.site_dir,) if args.site_dir else None)
     if not (args.a and args.b):
         raise UsageError("name two sides (commits or series directories)")
-    if args.budget < stopping.MIN_BUDGET_MIN:
+    if args.budget is not None and args.budget < stopping.MIN_BUDGET_MIN:
         raise UsageError(
             f"--budget {args.budget:g} min is too small to decide anything: one block (two engine starts and "
             f"{args.rounds} paired rounds) takes about a minute here and a verdict needs two: pass --budget "
@@ -176,6 +213,7 @@ def run(args) -> int:
     backend = dev.backend
     stack.check_devices(backend, dev.count)
     where, why = placements.choose(args.placement, backend, None if args.suite == "moe-down" else stack)
+    check_budget(args, stack, where)
     if args.plan:
         print("\n".join(plan_lines(args, stack, dev, where, why, settings)))
         return 0
@@ -323,9 +361,10 @@ def register(sub) -> None:
     p.add_argument(
         "--budget",
         type=float,
-        default=stopping.DEFAULT_BUDGET_MIN,
+        default=None,
         metavar="MIN",
-        help=f"machine minutes at most; blocks double while undecided (default {stopping.DEFAULT_BUDGET_MIN:g})",
+        help="machine minutes at most; blocks double while undecided (default: room for the first look and one "
+        f"doubling at the stack's start_s and call_s, at least {stopping.DEFAULT_BUDGET_MIN:g})",
     )
     p.add_argument(
         "--max-starts",

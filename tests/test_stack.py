@@ -218,3 +218,23 @@ def test_a_revisions_walk_pairs_each_commit_as_asv_does(monkeypatch):
     assert common.walked_commit() == "ab" * 20 and common.paired_walk(None, "B70BENCH_DECODE_PAIRED")
     monkeypatch.setenv("B70BENCH_DECODE_PAIRED", "0")
     assert not common.paired_walk(None, "B70BENCH_DECODE_PAIRED")
+
+
+def test_a_stack_that_states_its_costs_sizes_the_budget_and_refuses_one_that_cannot_decide(tmp_path):
+    """The seeds' rig (a warm start ~4 min, a call ~3 s, alternate): the plan says what the first look costs and
+    sizes the default budget to reach it and one doubling; a named budget short of the first look is refused in one
+    line with the budget that reaches it; a cost that is not positive seconds is refused at load."""
+    stack = write(tmp_path, 'backend = "cpu"\nmodel = "./model"\nstart_s = 240\ncall_s = 3\nshapes = ["p512n256"]\n')
+    plan = b70bench("compare", "HEAD", "HEAD", "--stack", str(stack), "--placement", "alternate", "--rounds", "16",
+                    "--plan")  # fmt: skip
+    assert plan.returncode == 0, plan.stderr
+    # 2 sides x (240 s + 19 calls x 3 s) x (6 blocks + the uncounted warm pair) = 4158 s.
+    assert "the first look ~69 min (6 blocks" in plan.stdout and "budget: 139 min" in plan.stdout, plan.stdout
+    short = b70bench("compare", "HEAD", "HEAD", "--stack", str(stack), "--placement", "alternate", "--rounds", "16",
+                     "--budget", "30", "--plan")  # fmt: skip
+    assert short.returncode == 2 and "does not reach a first look" in short.stderr
+    assert "pass --budget 70 or more" in short.stderr and short.stderr.count("\n") == 1
+    unknown = b70bench("compare", "HEAD", "HEAD", "--plan")
+    assert "cost: unknown" in unknown.stdout and "budget: 10 min" in unknown.stdout
+    with pytest.raises(UsageError, match="start_s = 0: seconds"):
+        description.load(write(tmp_path, 'model = "./model"\nstart_s = 0\n', "zero.toml"))

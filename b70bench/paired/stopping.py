@@ -9,6 +9,7 @@ at most `max_looks` looks, each at a level that keeps the whole measurement at t
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from dataclasses import dataclass
@@ -59,6 +60,25 @@ def least_starts(first_blocks: int, placement: str) -> int:
     uncounted start a side that fills its compile cache."""
     warm = len(SIDES) if placement == placements.ALTERNATE else 0
     return warm + len(SIDES) * first_look_blocks(first_blocks, placement)
+
+
+def first_look_s(start_s: float, call_s: float, calls: int, first_blocks: int, placement: str) -> float:
+    """Seconds a first look takes on a stack whose warm start takes start_s and one call call_s (`calls` a start,
+    warm-ups included): alternate runs one process at a time, after one uncounted start a side; together starts both
+    sides' processes at once and alternates their calls."""
+    blocks = first_look_blocks(first_blocks, placement)
+    if placement == placements.ALTERNATE:
+        return len(SIDES) * (start_s + calls * call_s) * (blocks + 1)
+    return blocks * (start_s + len(SIDES) * calls * call_s)
+
+
+def default_budget_min(start_s: float | None, call_s: float | None, calls: int, first_blocks: int, placement: str):
+    """The budget a measurement gets unless one is named: DEFAULT_BUDGET_MIN, or where the stack states what a start
+    and a call cost, room for the first look and one doubling of its blocks (what an undecided first look asks)."""
+    if not start_s or call_s is None:
+        return DEFAULT_BUDGET_MIN
+    first = first_look_s(start_s, call_s, calls, first_blocks, placement)
+    return max(DEFAULT_BUDGET_MIN, math.ceil(2 * first / 60))
 
 
 # One together block of the CPU default (two starts on a warm cache, 96 rounds) takes about a minute on the 2-core

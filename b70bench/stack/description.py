@@ -51,6 +51,8 @@ _TYPES = {
     "shapes": list,
     "start_timeout_s": float,
     "gate_file": str,
+    "start_s": float,
+    "call_s": float,
 }
 
 
@@ -77,6 +79,10 @@ class Stack:
     # Where the gate's pins are read and written: beside the stack file unless it names one (the user's work, not the
     # installed package); None for the embedded default, whose pins ship with the package.
     gate_file: str | None = None
+    # What a warm start and one timed call of the first shape cost here, as measured (decode's start_s and a call's
+    # seconds): the plan checks a budget against them and sizes the default one. None: not stated.
+    start_s: float | None = None
+    call_s: float | None = None
     source: str | None = None  # the file it was read from
 
     @property
@@ -219,7 +225,8 @@ class Stack:
         """Content of the description (without where it was read from): two files saying the same are one stack."""
         d = asdict(self)
         d.pop("source")
-        d.pop("gate_file")  # where pins are kept is not what is measured
+        for key in ("gate_file", "start_s", "call_s"):  # where pins are kept, what it costs: not what is measured
+            d.pop(key)
         if self.env_file:
             d["env_file"] = environment.read_env_file(self.env_file)
         return hashlib.sha256(json.dumps(d, sort_keys=True, default=list).encode()).hexdigest()[:12]
@@ -306,7 +313,10 @@ def load(path: str | os.PathLike) -> Stack:
     for key in ("kv_cache_gib", "start_timeout_s", "max_model_len"):
         if key in kw and kw[key] <= 0:
             raise _bad(path, f"{key} = {kw[key]}: more than 0")
-    for key in ("memory_fraction", "kv_cache_gib", "start_timeout_s"):
+    for key in ("start_s", "call_s"):
+        if key in kw and kw[key] <= 0:
+            raise _bad(path, f"{key} = {kw[key]}: seconds, more than 0 (measure one warm start and one call)")
+    for key in ("memory_fraction", "kv_cache_gib", "start_timeout_s", "start_s", "call_s"):
         if key in kw:
             kw[key] = float(kw[key])
     kw["gate_file"] = local(kw.get("gate_file", GATE_FILE_NAME))
