@@ -28,7 +28,7 @@ from b70bench.decode import pair
 from b70bench.decode import suite as decode_suite
 from b70bench.errors import UsageError
 from b70bench.fingerprint import fingerprint
-from b70bench.paired import sides, stopping
+from b70bench.paired import placement, sides, stopping
 from b70bench.stack import description, shapes
 from b70bench.stack import model as decode_model
 
@@ -73,8 +73,15 @@ def _paired(dev) -> bool:
     return paired_walk(dev, "B70BENCH_DECODE_PAIRED")
 
 
-def _budget_s() -> float:
-    return budget_s_from_env("B70BENCH_DECODE_BUDGET_MIN", stopping.DEFAULT_BUDGET_MIN, stopping.MIN_BUDGET_MIN)
+def _budget_s(stack=None, backend: str = "cpu") -> float:
+    """B70BENCH_DECODE_BUDGET_MIN, else a budget sized from the stack's stated start and call cost (a rig's walk
+    decides with no variable set by hand), else paired.stopping.DEFAULT_BUDGET_MIN."""
+    default = stopping.DEFAULT_BUDGET_MIN
+    if stack is not None and stack.start_s:
+        where, _why = placement.choose(placement.AUTO, backend, stack)
+        calls = _rounds() + pair.DEFAULT_WARMUP_CALLS
+        default = stopping.default_budget_min(stack.start_s, stack.call_s, calls, stopping.WALK_FIRST_BLOCKS, where)
+    return budget_s_from_env("B70BENCH_DECODE_BUDGET_MIN", default, stopping.MIN_BUDGET_MIN)
 
 
 def _rounds() -> int:
@@ -93,7 +100,7 @@ def _paired_summary(shape: str, dev, stack) -> dict:
         out_dir,
         pair.compare_series,
         shape=shape,
-        budget_s=_budget_s(),
+        budget_s=_budget_s(stack, dev.backend),
         backend=dev.backend,
         rounds=_rounds(),
         level=stopping.WALK_LEVEL,
@@ -176,7 +183,7 @@ class Decode:
             out[shape] = summary
         return out
 
-    setup_cache.timeout = setup_timeout_s("B70BENCH_DECODE_BUDGET_MIN", len(params[0]), _starts)
+    setup_cache.timeout = setup_timeout_s(lambda st: _budget_s(st, st.backend or "cpu"), len(params[0]), _starts)
 
     def setup(self, cache, shape, stack=None):
         if shape not in cache:

@@ -66,6 +66,10 @@ def _starts() -> int:
     return int(text)
 
 
+def _budget_s() -> float:
+    return budget_s_from_env("B70BENCH_SERVE_BUDGET_MIN", stopping.DEFAULT_BUDGET_MIN, stopping.MIN_BUDGET_MIN)
+
+
 def _paired_level(concurrency: int, backend: str, stack) -> dict:
     """One level of this commit against its parent (paired.sides.against_parent with serve's pairing), as the
     figures asv tracks: per block, this commit's median E2E and its B/A to the parent."""
@@ -77,7 +81,7 @@ def _paired_level(concurrency: int, backend: str, stack) -> dict:
         decode_model.cache_root() / "asv-paired-serve" / commit[:12] / f"c{concurrency}",
         serve_pair.compare_series,
         concurrency=concurrency,
-        budget_s=budget_s_from_env("B70BENCH_SERVE_BUDGET_MIN", stopping.DEFAULT_BUDGET_MIN, stopping.MIN_BUDGET_MIN),
+        budget_s=_budget_s(),
         rounds=whole_from_env("B70BENCH_SERVE_ROUNDS", serve_pair.DEFAULT_ROUNDS, 4, "paired rounds"),
         level=stopping.WALK_LEVEL,
         min_effect=stats.DEFAULT_MIN_EFFECT,
@@ -144,7 +148,7 @@ class Serve:
         out["startup_s"] = [x for s in starts for x in s["startup_s"][:1]]
         return out
 
-    setup_cache.timeout = setup_timeout_s("B70BENCH_SERVE_BUDGET_MIN", len(params[0]), _starts)
+    setup_cache.timeout = setup_timeout_s(lambda _st: _budget_s(), len(params[0]), _starts)
 
     def setup(self, cache, concurrency, stack=None):
         if concurrency not in cache:

@@ -77,16 +77,17 @@ def budget_s_from_env(name: str, default_min: float, least_min: float) -> float:
         raise NotImplementedError(str(err)) from None
 
 
-def setup_timeout_s(budget_env: str, measurements: int, starts) -> float:
+def setup_timeout_s(budget_s, measurements: int, starts) -> float:
     """asv's limit for a setup_cache of `measurements` measurements (shapes, levels), each a paired one within the
-    budget `budget_env` names or `starts()` separate starts: a paired measurement may run over its budget by one block
-    (two starts) and adds one uncounted warm start a side, and every start may take the stack's start timeout. asv
-    kills the set-up at this limit (SIGTERM, then SIGKILL a second later), so it must never be what ends one."""
+    budget `budget_s(stack)` gives (seconds) or `starts()` separate starts: a paired measurement may run over its
+    budget by one block (two starts) and adds one uncounted warm start a side, and every start may take the stack's
+    start timeout. asv kills the set-up at this limit (SIGTERM, then SIGKILL a second later), so it must never be
+    what ends one."""
     from b70bench.stack import description
 
     try:
         stack = description.from_env()
-        budget = stopping.budget_min_from_env(budget_env, stopping.DEFAULT_BUDGET_MIN, stopping.MIN_BUDGET_MIN) * 60
+        budget = budget_s(stack)
         n = starts()
     except (UsageError, NotImplementedError):  # setup_cache skips with the fix; the limit does not matter then
         return 3600.0
