@@ -434,3 +434,19 @@ def test_sides_differ_by_settings_on_one_revision(tmp_path):
     ):
         with pytest.raises(UsageError, match=words):
             compare.side_settings(bad)
+
+
+def test_a_side_with_settings_gets_a_compile_cache_of_its_own(tmp_path):
+    """vLLM keys its compile cache by source and its own variables: a flag read by a model file is in neither, so a
+    graph compiled with the flag on would be loaded with it off. Sides with settings get caches of their own."""
+    from b70bench.paired import sides
+    from b70bench.paired.blocks import Settings
+
+    series = tmp_path / "s"
+    series.mkdir()
+    (series / "series").write_text("")
+    on = {"A": Settings(), "B": Settings({"VLLM_FLAG": "1"})}
+    made = sides.build_sides({"A": series, "B": series}, patches.Env(), tmp_path / "out", tmp_path / "c", on)
+    plain = sides.build_sides({"A": series, "B": series}, patches.Env(), tmp_path / "out2", tmp_path / "c")
+    assert made["A"].cache_root == plain["A"].cache_root == tmp_path / "c" / "vllm-cache-A"
+    assert made["B"].cache_root != plain["B"].cache_root and made["B"].cache_root.name.startswith("vllm-cache-B-")

@@ -9,6 +9,8 @@ its rounds' log ratios) and blocks are repeated with fresh processes.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import statistics
 from dataclasses import dataclass, field
@@ -42,6 +44,9 @@ class Settings:
 
     def to_json(self) -> dict:
         return {"env": dict(self.env), "unset": list(self.unset), "engine_args": dict(self.engine_args)}
+
+    def digest(self) -> str:
+        return hashlib.sha256(json.dumps(self.to_json(), sort_keys=True, default=str).encode()).hexdigest()[:10]
 
 
 @dataclass

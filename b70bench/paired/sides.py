@@ -78,7 +78,11 @@ def build_sides(
             if isinstance(err, patches.trees.BuildFailed):
                 raise  # its record goes to the walk's results as a failed build
             raise UsageError(f"side {s} ({dirs[s]}): {err}") from None
-        sides[s] = Side(s, ov, (cache_dir or out_dir) / f"vllm-cache-{s}", (settings or {}).get(s) or Settings())
+        own = (settings or {}).get(s) or Settings()
+        # A side's settings get a cache of their own: vLLM keys its compile cache by source and its own variables,
+        # not by a model file's flag, so a graph compiled with a flag on must never be loaded with it off.
+        name = f"vllm-cache-{s}" + (f"-{own.digest()}" if own else "")
+        sides[s] = Side(s, ov, (cache_dir or out_dir) / name, own)
     return sides
 
 
