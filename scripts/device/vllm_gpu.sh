@@ -5,8 +5,9 @@
 # Stages, each under its own time limit, a failing one never stopping the next:
 #   setup       install vLLM from PARTS into SITE (once), write the model, two stacks (memory 0.9 and 0.4) and the
 #               series directories (base, graph, branch, flagged; scripts/demo_series.py)
-#   decode      `decode --stack` one shape with --accept-gate (pins beside the stack), then again: the gate passes
-#   cachekey    `cache-key show` of that decode's compile cache, and `cache-key measure`
+#   decode      `decode --stack` one shape with --accept-gate (pins beside the stack), then again (the gate passes),
+#               and `cache-key show` of that run's record
+#   cachekey    `cache-key measure --stack` (one start on an empty cache)
 #   kernels     moe-down's vllm variant beside triton and triton-htile; the allreduce vllm path with one rank
 #   aa|slow     `compare base base` / `compare base graph` on the 0.9 stack (auto: alternate)
 #   together    `compare base graph` on the 0.4 stack (auto: together)
@@ -75,16 +76,14 @@ for st in "$@"; do
     setup) echo "== setup ($(date -u +%T))"; setup > "$LOGS/setup.log" 2>&1; echo "== setup: rc=$?"
            tail -n 30 "$LOGS/setup.log" ;;
     decode)
-      stage decode-pin 400 $B decode --stack "$ALT" --runs 1 --no-cold --iterations 5 --accept-gate \
+      stage decode-pin 300 $B decode --stack "$ALT" --runs 1 --no-cold --iterations 3 --accept-gate \
         --json "$LOGS/decode-pin.json" --out-dir "$WORK/decode-pin"
-      stage decode 400 $B decode --stack "$ALT" --runs 2 --no-cold --iterations 10 --json "$LOGS/decode.json" \
-        --out-dir "$WORK/decode" ;;
-    cachekey)
-      dir=$(find "$WORK/decode" -maxdepth 3 -type d -name 'torch_compile_cache' 2>/dev/null | head -1)
-      stage cachekey-show 120 $B cache-key show "${dir:-$WORK/decode}"
-      stage cachekey-measure 400 $B cache-key measure --json "$LOGS/cachekey.json" ;;
+      stage decode 300 $B decode --stack "$ALT" --runs 1 --no-cold --iterations 10 --json "$LOGS/decode.json" \
+        --out-dir "$WORK/decode"
+      stage cachekey-show 120 $B cache-key show "$LOGS/decode.json" ;;
+    cachekey) stage cachekey-measure 400 $B cache-key measure --stack "$ALT" --json "$LOGS/cachekey.json" ;;
     kernels)
-      stage moe-down 400 $B moe-down --variants vllm triton triton-htile --tokens 1 4 16 --tp 1 4 --graph \
+      stage moe-down 300 $B moe-down --variants vllm triton triton-htile --tokens 1 16 --tp 4 --graph \
         --json "$LOGS/moe-down.json"
       stage allreduce-vllm 200 $B allreduce --path vllm --world-size 1 --sizes 8 6K 1M --json "$LOGS/allreduce.json" ;;
     aa) stage compare-aa 590 $B compare "$S/base" "$S/base" --stack "$ALT" --budget "$BUDGET" \
