@@ -42,6 +42,9 @@ _WRAPPERS = (
     "Worker failed with error",
     "WorkerProc initialization failed",
 )
+# A tensor-parallel worker that died (killed, out of memory): vLLM's executor says so in a log line, not an exception,
+# and the caller then sees only what followed ("RuntimeError: cancelled"): the death is the cause.
+_DIED = re.compile(r"((?:Worker proc|RayWorkerProc)\b.*? died unexpectedly(?: \(exit code: -?\d+\))?)")
 
 
 def strip_prefix(line: str) -> str:
@@ -154,6 +157,9 @@ def failure_reason(text: str, limit: int = 400) -> str | None:
     (pydantic) put the message on the next line; it is appended.
     """
     lines = [strip_prefix(raw).strip() for raw in text.splitlines()]
+    deaths = [m.group(1) for line in lines if (m := _DIED.search(line))]
+    if deaths:
+        return deaths[0][:limit]
     found: list[str] = []
     for i, line in enumerate(lines):
         m = _EXC.match(line)
