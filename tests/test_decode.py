@@ -71,7 +71,7 @@ def test_failure_reason_is_the_root_cause_in_one_line():
     )
     assert logs.failure_reason(pyd).endswith("VllmConfig: Value error, heads (4) must be divisible by tp (3).")
     assert logs.failure_reason("all fine") is None
-    # A TP worker killed during a start: vLLM logs its death, then the caller raises "cancelled". The death is the cause.
+    # A TP worker killed during a start: vLLM logs its death, then the caller raises "cancelled": the death is it.
     killed = textwrap.dedent("""\
         (EngineCore pid=2) ERROR 12-05 [multiproc_executor.py:316] Worker proc VllmWorker-1 died unexpectedly (exit code: -9), shutting down executor.
         Traceback (most recent call last):
