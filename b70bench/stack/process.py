@@ -20,9 +20,6 @@ from b70bench.stack.host import cpu_jiffies
 TERM_GRACE_S = 10.0
 
 
-TERM_GRACE_S = 10.0
-
-
 def group_members(pgid: int) -> list[int]:
     """Live (non-zombie) processes whose process group is pgid, read from /proc."""
     found = []
