@@ -186,7 +186,11 @@ def describe(
     if PAIRED in rules:
         sentences.append(
             f"Paired: each commit against its git parent, from B/A ratios measured alternating in one host "
-            f"window, one per block: their geometric mean with a {level:.0%} Student-t interval of the logs."
+            f"window, one per block: where every block carries its own standard error, their "
+            f"random-effects mean (DerSimonian-Laird, the spread between blocks taken at least "
+            f"{stats._pct(stats.BLOCK_OFFSET_SD)}, {stats._pct(stats.TWO_BLOCKS_OFFSET_SD)} with two blocks) with a "
+            f"{level:.0%} normal interval; else (alternate blocks) their geometric mean with a {level:.0%} Student-t "
+            f"interval of the logs."
         )
     if UNPAIRED in rules:
         sentences.append(
