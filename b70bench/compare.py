@@ -87,10 +87,7 @@ def check_budget(args, stack: description.Stack, where: str) -> None:
     one that cannot reach the first look is refused before anything starts."""
     cost = first_look_cost_s(args, stack, where)
     if args.budget is None:
-        calls = args.rounds + pair.DEFAULT_WARMUP_CALLS
-        args.budget = stopping.default_budget_min(
-            stack.start_s if cost else None, stack.call_s, calls, stopping.DEFAULT_FIRST_BLOCKS, where
-        )
+        args.budget = stopping.default_budget_min(cost)
     elif cost and args.budget * 60 < cost:
         blocks = stopping.first_look_blocks(stopping.DEFAULT_FIRST_BLOCKS, where)
         raise UsageError(
@@ -343,21 +340,13 @@ def register(sub) -> None:
         help=f"decode shape (default: the stack's first, else {pair.DEFAULT_SHAPE})",
     )
     for s in "ab":
-        p.add_argument(
-            f"--{s}-env",
-            action="append",
-            metavar="KEY=VALUE",
-            help=f"a variable set in side {s.upper()}'s processes only (repeat): a flag A/B on one revision",
-        )
-        p.add_argument(
-            f"--{s}-unset", action="append", metavar="KEY", help=f"a variable removed from side {s.upper()}'s processes"
-        )
-        p.add_argument(
-            f"--{s}-engine-arg",
-            action="append",
-            metavar="KEY=VALUE",
-            help=f"one more LLM(...) argument for side {s.upper()} (serve: its `vllm serve` flag), JSON value",
-        )
+        side = s.upper()
+        for flag, metavar, what in (
+            ("env", "KEY=VALUE", f"a variable set in side {side}'s processes only (repeat): a flag A/B on a revision"),
+            ("unset", "KEY", f"a variable removed from side {side}'s processes"),
+            ("engine-arg", "KEY=VALUE", f"one more LLM(...) argument for side {side}, JSON value (serve: its flag)"),
+        ):
+            p.add_argument(f"--{s}-{flag}", action="append", metavar=metavar, help=what)
     p.add_argument(
         "--budget",
         type=float,

@@ -76,11 +76,12 @@ def _paired(dev) -> bool:
 def _budget_s(stack=None, backend: str = "cpu") -> float:
     """B70BENCH_DECODE_BUDGET_MIN, else a budget sized from the stack's stated start and call cost (a rig's walk
     decides with no variable set by hand), else paired.stopping.DEFAULT_BUDGET_MIN."""
-    default = stopping.DEFAULT_BUDGET_MIN
-    if stack is not None and stack.start_s:
+    first_look = None
+    if stack is not None and stack.start_s and stack.call_s is not None:
         where, _why = placement.choose(placement.AUTO, backend, stack)
         calls = _rounds() + pair.DEFAULT_WARMUP_CALLS
-        default = stopping.default_budget_min(stack.start_s, stack.call_s, calls, stopping.WALK_FIRST_BLOCKS, where)
+        first_look = stopping.first_look_s(stack.start_s, stack.call_s, calls, stopping.WALK_FIRST_BLOCKS, where)
+    default = stopping.default_budget_min(first_look)
     return budget_s_from_env("B70BENCH_DECODE_BUDGET_MIN", default, stopping.MIN_BUDGET_MIN)
 
 

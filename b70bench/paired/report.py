@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from b70bench import device, stats
 from b70bench.fingerprint import dist_version
-from b70bench.paired.blocks import Block, block_ses
+from b70bench.paired.blocks import SIDES, Block, block_ses
 from b70bench.paired.stopping import Paired
 from b70bench.stack import gate
 from b70bench.stack.description import Stack
@@ -33,7 +33,7 @@ def paired_gates(blocks: list[Block], key: dict, gate_file=None) -> dict[str, di
     decoded the same prompts greedily on the same device in the same run, so A's tokens are the reference a pin
     would be, and a commit that changes the numerics has no speed to compare."""
     out = {}
-    for side in ("A", "B"):
+    for side in SIDES:
         hashes, word = side_gate(blocks, side, key, gate_file)
         reason = "tokens differ from the pinned hash or among its starts" if word == 1 else None
         out[side] = {"token_sha256": hashes, "gate": word, "gate_reason": reason}

@@ -72,13 +72,13 @@ def first_look_s(start_s: float, call_s: float, calls: int, first_blocks: int, p
     return blocks * (start_s + len(SIDES) * calls * call_s)
 
 
-def default_budget_min(start_s: float | None, call_s: float | None, calls: int, first_blocks: int, placement: str):
+def default_budget_min(first_look: float | None) -> float:
     """The budget a measurement gets unless one is named: DEFAULT_BUDGET_MIN, or where the stack states what a start
-    and a call cost, room for the first look and one doubling of its blocks (what an undecided first look asks)."""
-    if not start_s or call_s is None:
+    and a call cost (first_look: first_look_s's seconds), room for the first look and one doubling of its blocks
+    (what an undecided first look asks)."""
+    if not first_look:
         return DEFAULT_BUDGET_MIN
-    first = first_look_s(start_s, call_s, calls, first_blocks, placement)
-    return max(DEFAULT_BUDGET_MIN, math.ceil(2 * first / 60))
+    return max(DEFAULT_BUDGET_MIN, math.ceil(2 * first_look / 60))
 
 
 # One together block of the CPU default (two starts on a warm cache, 96 rounds) takes about a minute on the 2-core

