@@ -104,7 +104,7 @@ for st in "$@"; do
     *) echo "unknown stage $st (setup decode cachekey kernels aa slow together branch flag serve)"; exit 2 ;;
   esac
 done
-# Everything this call wrote (stage logs, JSON, the engines' own logs) in one file: $OUT takes at most 8.
+# Everything this call wrote (stage logs, JSON, the engines' own logs) in one file, easy to carry off the machine.
 find "$WORK" -path "$SITE" -prune -o -type f -newer "$WORK/.call" -size -20M \( -name '*.log' -o -name '*.json' \) \
   -print | tar -czf "$OUT/vllm-gpu-${1:-none}.tgz" -T - 2>/dev/null
 ls -la "$OUT"
