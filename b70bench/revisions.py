@@ -109,30 +109,18 @@ def shard(commits: list[str], spec: str | None) -> list[str]:
     return commits[int(k) - 1 :: int(n)]
 
 
-def dist_only(pdir: Path, ps: patches.PatchSet, dest: Path) -> Path:
-    """A copy of the series without its source-tree patches: those are built into copies (patches.trees), never
-    applied to the user's tree."""
-    dest.mkdir(parents=True, exist_ok=True)
-    keep = [p for p in ps.patches if p.target.kind == "dist"]
-    for p in keep:
-        (dest / p.name).parent.mkdir(parents=True, exist_ok=True)
-        (dest / p.name).write_bytes(p.data)
-    (dest / "series").write_text("".join(f"{p.name}\n" for p in keep))
-    return dest
-
-
 def build_trees(
-    ps: patches.PatchSet, builds: Path | None, out=print, sites: list[Path] | None = None, python: str | None = None
+    ps: patches.PatchSet,
+    builds: Path | None,
+    dest: Path,
+    out=print,
+    sites: list[Path] | None = None,
+    python: str | None = None,
 ) -> list[str]:
-    """The series' source trees built (or found built) for this commit; their import paths, first first. `sites`:
-    the walked environment's site-packages, which a build must not install into; `python`: its interpreter, first
-    on the build command's PATH."""
-    groups = patches.trees.by_tree(ps.patches)
-    return [
-        path
-        for tree, (command, group) in groups.items()
-        for path in patches.trees.build(tree, group, command, builds, out=out, sites=sites, python=python).python_path()
-    ]
+    """The series' source trees built (or found built) for this commit, their Python files placed over the copies in
+    dest; the import paths, first first. `sites`: the walked environment's site-packages, which a build must not
+    install into; `python`: its interpreter, first on the build command's PATH."""
+    return patches.overlay.built_trees(ps.patches, dest, builds, out=out, sites=sites, python=python)
 
 
 @dataclass
@@ -227,7 +215,14 @@ def walk(
                 continue
             out(f"[{i}/{len(commits)}] {commit[:10]}: patch set {row['patch_set_hash']}")
             try:
-                paths = build_trees(ps, builds, out=lambda line: out(f"  {line}"), sites=sites, python=walker.python)
+                paths = build_trees(
+                    ps,
+                    builds,
+                    Path(tmp) / commit / "tree-files",
+                    out=lambda line: out(f"  {line}"),
+                    sites=sites,
+                    python=walker.python,
+                )
             except patches.trees.BuildFailed as err:
                 row.update(outcome=walklog.BUILD_FAILED, error=str(err), build=err.record)
                 out(f"  build failed, not measured: {err}")
@@ -238,8 +233,14 @@ def walk(
                 out(f"  cannot build (nothing changed): {err}")
                 continue
             try:
-                applied = dist_only(pdir, ps, Path(tmp) / commit / "dist")
-                done = walker.patches_cmd("apply", "--dir", str(applied), "--commit", commit, token=token)
+                # Source-tree patches are built into copies (above), never applied to the user's tree; an editable
+                # install's become an overlay (its tree is never written either).
+                dist = [p for p in ps.patches if p.target.kind == "dist"]
+                applied = patches.subset(ps, dist, Path(tmp) / commit / "dist")
+                editable = Path(tmp) / commit / "editable"
+                done = walker.patches_cmd(
+                    "apply", "--dir", str(applied), "--commit", commit, "--overlay-dir", str(editable), token=token
+                )
                 if done.returncode != 0:
                     row["error"] = (done.stderr.strip() or done.stdout.strip()).splitlines()[-1]
                     out(f"  apply failed (nothing changed): {row['error']}")
@@ -252,6 +253,8 @@ def walk(
                     B70BENCH_REPO=str(walker.repo),
                     **{patches.LOCK_TOKEN_ENV: token},
                 )
+                if editable.is_dir():
+                    paths = [*patches.overlay.python_path(editable), *paths]
                 if paths:  # asv drops PYTHONPATH from what it runs; ASV_PYTHONPATH is how it lets one through
                     env["ASV_PYTHONPATH"] = os.pathsep.join([*paths, *filter(None, [env.get("ASV_PYTHONPATH")])])
                 failures = Path(tmp) / commit / "failures.jsonl"

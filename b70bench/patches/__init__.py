@@ -36,7 +36,7 @@ from b70bench.patches.installed import (
 from b70bench.patches.journal import apply, read_journal, read_state, restore
 from b70bench.patches.lock import LOCK_TOKEN_ENV, env_lock
 from b70bench.patches.plan import Change, Resolved, plan, resolve
-from b70bench.patches.series import DEFAULT_DIR, Patch, PatchSet, Target, load
+from b70bench.patches.series import DEFAULT_DIR, Patch, PatchSet, Target, load, subset
 from b70bench.patches.status import status
 from b70bench.patches.versions import version_matches
 
@@ -65,6 +65,7 @@ __all__ = [
     "restore",
     "sha256_file",
     "status",
+    "subset",
     "trees",
     "verify_distribution",
     "version_matches",

@@ -4,17 +4,18 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
 from pathlib import Path
 
 from b70bench.errors import UsageError
-from b70bench.patches import trees
+from b70bench.patches import overlay, trees
 from b70bench.patches.installed import Env
 from b70bench.patches.journal import _busy_message, apply, read_journal, restore
-from b70bench.patches.plan import plan
-from b70bench.patches.series import DEFAULT_DIR, PatchSet, load
+from b70bench.patches.plan import plan, resolve
+from b70bench.patches.series import DEFAULT_DIR, PatchSet, load, subset
 from b70bench.patches.status import status
 
 
@@ -40,12 +41,14 @@ def run(args) -> int:
         argv += ["--force"] if getattr(args, "force", False) else []
         argv += ["--commit", args.commit] if getattr(args, "commit", None) else []
         argv += ["--built-trees"] if getattr(args, "built_trees", False) else []
+        argv += ["--overlay-dir", args.overlay_dir] if getattr(args, "overlay_dir", None) else []
         return _reexec(args, argv)
     env = _env_from_args(args)
     site = Path(args.site_dir) if getattr(args, "site_dir", None) else Path(sysconfig.get_paths()["purelib"])
     if args.action == "restore":
         if trees.take_off_path(site):
             print(f"b70bench: built source-tree copies taken off the path of {env.prefix}")
+        shutil.rmtree(env.work / "tree-files", ignore_errors=True)
         undone = restore(env, force=args.force)
         if undone is None:
             print(f"b70bench: nothing was applied in {env.prefix}")
@@ -70,11 +73,21 @@ def run(args) -> int:
         commit = args.commit or os.environ.get("ASV_COMMIT") or os.environ.get("B70BENCH_COMMIT")
         if args.built_trees:
             # Source-tree patches into built copies (never the user's tree), on this environment's path.
-            groups = trees.by_tree(ps.patches)
-            built = [trees.build(tree, group, command, sites=[site]) for tree, (command, group) in groups.items()]
-            if built:
-                print(f"b70bench: built copies on the path of {env.prefix}: {trees.put_on_path(built, site)}")
+            # Their Python files are placed over the copies in a mirror inside the environment's patch state.
+            mirror = env.work / "tree-files"
+            shutil.rmtree(mirror, ignore_errors=True)
+            paths = overlay.built_trees(ps.patches, mirror, sites=[site])
+            if paths:
+                print(f"b70bench: built copies on the path of {env.prefix}: {trees.put_on_path(paths, site)}")
             ps = PatchSet(ps.directory, [p for p in ps.patches if p.target.kind == "dist"])
+        if args.overlay_dir:
+            # An editable install's tree is never written: its patches become an overlay for the caller's path.
+            editable = [p for p in ps.patches if p.target.kind == "dist" and resolve(p.target, env, p.name).editable]
+            if editable:
+                dest = Path(args.overlay_dir)
+                overlay.build(subset(ps, editable, dest.with_name(dest.name + "-series")), env, dest)
+                print(f"b70bench: {len(editable)} patch(es) of an editable install overlaid in {dest}")
+                ps = PatchSet(ps.directory, [p for p in ps.patches if p not in editable])
         state = apply(ps, env, commit)
         print(
             f"b70bench: patch set {state['patch_set_hash']} applied ({', '.join(state['patches']) or 'empty'}) "
@@ -119,6 +132,13 @@ def register(sub) -> None:
         action="store_true",
         help="apply: source-tree patches go into built copies (cached; docs/source-builds.md) put on this "
         "environment's path, never into the tree (asv's managed environments use this)",
+    )
+    p.add_argument(
+        "--overlay-dir",
+        metavar="DIR",
+        default=None,
+        help="apply: patches of a distribution installed editable from a git tree go into an overlay in DIR (put it "
+        "first on PYTHONPATH), never into the tree (b70bench revisions uses this)",
     )
     p.add_argument("--full", action="store_true", help="status: verify every file of the targeted distributions")
     p.add_argument("--force", action="store_true", help="restore: put back installed bytes over files edited since")

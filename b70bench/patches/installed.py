@@ -5,8 +5,11 @@ from __future__ import annotations
 import base64
 import csv
 import hashlib
+import json
 import re
 import sys
+import urllib.parse
+import urllib.request
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -64,6 +67,24 @@ def find_distribution(env: Env, name: str):
     for dist in env.distributions():
         if _norm(dist.metadata["Name"] or "") in wanted:
             return dist
+    return None
+
+
+def source_tree(dist) -> Path | None:
+    """The git tree an editable or develop install of dist imports from (vLLM built from source with
+    `pip install -e .` or `setup.py develop`), else None. pip's direct_url.json names an editable install's folder;
+    a develop install's metadata (an .egg-info) lies in the tree itself."""
+    try:
+        url = json.loads(dist.read_text("direct_url.json") or "{}")
+    except ValueError:
+        url = {}
+    if url.get("dir_info", {}).get("editable") and url.get("url", "").startswith("file:"):
+        tree = Path(urllib.request.url2pathname(urllib.parse.urlparse(url["url"]).path))
+        return tree.resolve() if (tree / ".git").exists() else None
+    meta = getattr(dist, "_path", None)
+    if meta is not None and str(meta).endswith(".egg-info") and dist.read_text("RECORD") is None:
+        tree = Path(meta).resolve().parent
+        return tree if (tree / ".git").exists() else None
     return None
 
 

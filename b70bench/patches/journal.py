@@ -78,6 +78,13 @@ def apply(ps: PatchSet, env: Env, commit: str | None = None) -> dict:
                 return read_state(env)
             raise UsageError(_busy_message(env, journal))
         changes = plan(ps, env)
+        tree = next((ch.resolved for ch in changes if ch.resolved.editable), None)
+        if tree is not None:
+            raise UsageError(
+                f"{tree.target.name} in {env.prefix} is an editable install from {tree.root}, and b70bench never "
+                f"writes into a source tree: `compare` and `revisions` measure its patches through an overlay "
+                f"(`patches apply --overlay-dir DIR` writes one). Nothing was changed"
+            )
         shutil.rmtree(env.work / "backup", ignore_errors=True)  # left by a crash before any file changed
         backup = env.work / "backup"
         backup.mkdir(parents=True)

@@ -10,8 +10,13 @@ as it lives (`b70bench compare` and the decode asv adapter start them side by si
 The original bytes come from the environment's journal backups where the environment itself has
 a series applied (an asv environment holds the commit it measures), so an overlay is always the
 installed package plus exactly its own series. A source-tree target (llm-scaler, a vLLM checkout) gets a built
-copy of its own instead (patches.trees: HEAD plus the series' patches, built by the tree's build command, cached);
-python_path(dest) puts those copies ahead of the overlay.
+copy of its own instead (patches.trees: HEAD plus the series' changes to files a build reads, built by the tree's
+build command, cached), with the series' Python files placed over it in a mirror of its own (built_trees);
+python_path(dest) puts that mirror, then the copies, ahead of the overlay.
+
+A `dist:` target that is an editable install from a git tree (vLLM built from source, `pip install -e .`) is
+overlaid like any distribution, from the tree the environment imports: its compiled modules are linked, its patched
+Python files are the overlay's own, and the tree is only read.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from b70bench.patches.series import PatchSet, load
 
 MANIFEST = "b70bench-overlay.txt"
 TREES = "b70bench-trees.txt"  # one built copy's import path per line, first on PYTHONPATH
+TREE_FILES = "b70bench-tree-files"  # the mirror of the built copies with the series' Python files (not importable)
 
 
 def installed_reader(env: Env):
@@ -81,6 +87,21 @@ def _place(root: Path, dest: Path, rel: str, data: bytes | None) -> None:
         target.write_bytes(data)
 
 
+def built_trees(ps_patches, dest: Path, builds: Path | None = None, **build_kw) -> list[str]:
+    """Import paths, first first, for a series' source trees: dest (a mirror holding their patched Python files, if
+    any), then each tree's built copy (built, or found built, in `builds`). build_kw: trees.build's out, sites,
+    python. Raises trees.BuildFailed when a build fails."""
+    built = [
+        trees.build(tree, group, command, builds, **build_kw)
+        for tree, (command, group) in trees.by_tree(ps_patches).items()
+    ]
+    for b in built:
+        for rel, data in b.python:
+            _place(b.import_root(rel), dest, rel, data)
+    mirror = [str(dest)] if any(b.python for b in built) else []
+    return mirror + [path for b in built for path in b.python_path()]
+
+
 def build(series_dir: str | os.PathLike, env: Env, dest: str | os.PathLike, builds: Path | None = None) -> Path:
     """dest holding the installed packages a series touches, patched, and naming the built copies of the source
     trees it patches (built into the cache `builds` where not built before); returns dest for python_path().
@@ -93,8 +114,8 @@ def build(series_dir: str | os.PathLike, env: Env, dest: str | os.PathLike, buil
     read, journal = _pristine_reader(env)
     dist_only = PatchSet(ps.directory, [p for p in ps.patches if p.target.kind == "dist"])
     changes = plan(dist_only, env, read=read)
-    built = [trees.build(tree, group, command, builds) for tree, (command, group) in trees.by_tree(ps.patches).items()]
-    (dest / TREES).write_text("".join(f"{path}\n" for b in built for path in b.python_path()))
+    tree_paths = built_trees(ps.patches, dest / TREE_FILES, builds)
+    (dest / TREES).write_text("".join(f"{path}\n" for path in tree_paths))
     files: dict[tuple[Path, str], bytes | None] = {}
     for ch in changes:
         files[(ch.resolved.root, ch.rel)] = ch.patched

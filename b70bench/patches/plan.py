@@ -9,7 +9,8 @@ from pathlib import Path
 
 from b70bench import unidiff
 from b70bench.errors import UsageError
-from b70bench.patches.installed import Env, _sha, find_distribution, record_hashes
+from b70bench.patches import trees
+from b70bench.patches.installed import Env, _sha, find_distribution, record_hashes, source_tree
 from b70bench.patches.series import PatchSet, Target
 from b70bench.patches.versions import version_matches
 
@@ -20,11 +21,14 @@ class Resolved:
     root: Path
     version: str | None = None
     dist: object = None  # importlib.metadata.Distribution for dist targets
+    editable: bool = False  # a dist target installed editable from a git tree: root is that tree, never written
 
     def fix_command(self) -> str:
-        if self.target.kind == "dist":
+        if self.target.kind == "dist" and not self.editable:
             name = self.dist.metadata["Name"]
             return f"{sys.executable} -m pip install --force-reinstall --no-deps '{name}=={self.version}'"
+        if self.editable:
+            return f"commit or stash your edits of those files in {self.root} (git -C {self.root} status)"
         return f"git -C {self.root} checkout -- . (then rebuild: {self.target.build or 'no build command'})"
 
 
@@ -56,6 +60,9 @@ def resolve(target: Target, env: Env, patch_name: str) -> Resolved:
                 f"{dist.metadata['Name']} {version}: use a patch set for {version} or install the "
                 f"version the patch names"
             )
+        tree = source_tree(dist)
+        if tree is not None:  # built from source: RECORD knows nothing of the tree's files, git does
+            return Resolved(target, tree, version, dist, editable=True)
         return Resolved(target, Path(dist.locate_file("")).resolve(), version, dist)
     root = Path(target.name)
     if not root.is_dir():
@@ -69,7 +76,7 @@ def resolve(target: Target, env: Env, patch_name: str) -> Resolved:
 def _pristine_problems(res: Resolved, changes: list[Change]) -> list[str]:
     """Files of one target that are not as installed (dist: RECORD; tree: git HEAD)."""
     problems = []
-    if res.target.kind == "dist":
+    if res.target.kind == "dist" and not res.editable:
         recorded = record_hashes(res.dist)
         for ch in changes:
             have = _sha(ch.original)
@@ -113,6 +120,14 @@ def plan(ps: PatchSet, env: Env, check_pristine: bool = True, read=None) -> list
                 else:
                     data = path.read_bytes() if path.exists() else None
                 changes[path] = Change(res, fd.path, data, data)
+    for ch in changes.values():
+        if ch.resolved.editable and not trees.overlaid(ch.resolved.root, ch.rel):
+            raise UsageError(
+                f"patch {', '.join(p.name for p in ps.patches if any(f.path == ch.rel for f in p.files))} changes "
+                f"{ch.rel} of {ch.resolved.target.name}, an editable install from {ch.resolved.root}: a file a build "
+                f"reads needs a build, so target the tree instead (B70bench-Target: tree:{ch.resolved.root} with a "
+                f"B70bench-Build: line, docs/source-builds.md). Nothing was changed"
+            )
     if check_pristine:  # before the hunks: "your vLLM was edited" says more than "hunk 3 fails"
         for res in resolved.values():
             problems = _pristine_problems(res, [c for c in changes.values() if c.resolved is res])

@@ -108,3 +108,14 @@ def load(directory: str | os.PathLike | None = None, allow_missing: bool = False
             raise UsageError(f"patch {name} contains no file diffs (no '---'/'+++' lines)")
         ps.patches.append(Patch(name, data, _target(name, data, directory), files))
     return ps
+
+
+def subset(ps: PatchSet, keep: list[Patch], dest: Path) -> Path:
+    """dest as a series directory holding only the patches in keep, in ps's order."""
+    dest.mkdir(parents=True, exist_ok=True)
+    kept = [p for p in ps.patches if p in keep]
+    for p in kept:
+        (dest / p.name).parent.mkdir(parents=True, exist_ok=True)
+        (dest / p.name).write_bytes(p.data)
+    (dest / "series").write_text("".join(f"{p.name}\n" for p in kept))
+    return dest

@@ -10,6 +10,14 @@ after its build succeeded: a kill at any point leaves nothing that is ever impor
 beside the copies (command, exit status, last lines of its log) and raised as BuildFailed; the same inputs fail
 again without rebuilding until the record is removed (`rm` it, or change the patch or command).
 
+Only a change a build reads is built. A change to a Python source or data file inside one of the tree's importable
+packages (a top-level folder holding __init__.py: `vllm/`, not `csrc/` or `setup.py`) reaches the engine without a
+build: the copy is built from HEAD plus the series' other files only, and those Python files are placed over it, per
+side, in a mirror ahead of it on the path (patches.overlay). The cache key holds the compiled files' patched bytes,
+so every commit of a patch set that changes only Python files shares one build, and two commits that leave the
+compiled sources alike share theirs. A Python file a build itself reads (vLLM's setup.py reads vllm/envs.py) is
+overlaid too: put such a change in a commit that also touches a compiled source, or rebuild by hand.
+
 The build runs in the copy with B70BENCH_SITE=COPY/.b70bench-site in its environment, so a build that installs
 (`pip install --no-deps --no-build-isolation --target "$B70BENCH_SITE" .`) installs into the copy, not into the
 environment both sides share; an in-place build (`python setup.py build_ext --inplace`, `make`) needs nothing.
@@ -62,14 +70,31 @@ class BuildFailed(UsageError):
         )
 
 
+# Read from a package at run time, never compiled: a change to one inside an importable package needs no build.
+RUN_TIME_SUFFIXES = (".py", ".pyi", ".json", ".yaml", ".yml")
+
+
+def overlaid(tree: Path, rel: str) -> bool:
+    """Whether a change to rel (a path inside tree) reaches the engine without a build: a Python source or data file
+    inside one of tree's importable packages (a top-level folder with __init__.py), setup.py and csrc/ never."""
+    parts = Path(rel).parts
+    return len(parts) > 1 and rel.endswith(RUN_TIME_SUFFIXES) and (tree / parts[0] / "__init__.py").is_file()
+
+
 @dataclass(frozen=True)
 class Built:
     tree: str  # the user's tree the copy was made from
     key: str
     path: Path  # the built copy
+    python: tuple[tuple[str, bytes | None], ...] = ()  # (path in the tree, patched bytes): placed over the copy
 
     def python_path(self) -> list[str]:
         return [str(self.path), str(self.path / SITE_DIR)]
+
+    def import_root(self, rel: str) -> Path:
+        """The folder of python_path() whose copy of rel's package the engine imports (the first that has it)."""
+        top = Path(rel).parts[0]
+        return next((Path(p) for p in self.python_path() if (Path(p) / top).is_dir()), self.path)
 
 
 def cache_dir() -> Path:
@@ -105,10 +130,37 @@ def tree_head(tree: Path) -> str:
     return head
 
 
-def build_key(head: str, tree_patches: list[Patch], command: str | None) -> str:
-    h = hashlib.sha256(head.encode() + b"\0" + (command or "").encode() + b"\0")
+def patched_files(tree: Path, head: str, tree_patches: list[Patch]) -> dict[str, bytes | None]:
+    """Every file the patches change -> its bytes at head with the patches applied in order (None: deleted)."""
+    files: dict[str, bytes | None] = {}
     for p in tree_patches:
-        h.update(p.name.encode() + b"\0" + hashlib.sha256(p.data).digest())
+        for fd in p.files:
+            if fd.path not in files:
+                got = subprocess.run(
+                    ["git", "--no-optional-locks", "-C", str(tree), "cat-file", "blob", f"{head}:{fd.path}"],
+                    capture_output=True,
+                    timeout=120,
+                )
+                files[fd.path] = got.stdout if got.returncode == 0 else None
+            try:
+                files[fd.path] = unidiff.apply(files[fd.path], fd)
+            except unidiff.PatchError as err:
+                raise UsageError(f"patch {p.name} does not apply to the HEAD of {p.target.name}: {err}") from None
+    return files
+
+
+def split(tree: Path, files: dict[str, bytes | None]) -> tuple[dict, dict]:
+    """(the files a build reads, the files placed over the built copy), by overlaid()."""
+    compiled = {rel: data for rel, data in files.items() if not overlaid(tree, rel)}
+    return compiled, {rel: data for rel, data in files.items() if rel not in compiled}
+
+
+def build_key(head: str, compiled: dict[str, bytes | None], command: str | None) -> str:
+    """The build's inputs: the tree's HEAD, the command and the patched bytes of the files a build reads."""
+    h = hashlib.sha256(head.encode() + b"\0" + (command or "").encode() + b"\0")
+    for rel in sorted(compiled):
+        data = compiled[rel]
+        h.update(rel.encode() + b"\0" + (b"-" if data is None else hashlib.sha256(data).digest()))
     return h.hexdigest()[:16]
 
 
@@ -118,19 +170,14 @@ def _export(tree: Path, head: str, dest: Path) -> None:
         tar.extractall(dest, filter="tar")
 
 
-def _apply(copy: Path, tree_patches: list[Patch]) -> None:
-    for p in tree_patches:
-        for fd in p.files:
-            path = copy / fd.path
-            try:
-                new = unidiff.apply(path.read_bytes() if path.exists() else None, fd)
-            except unidiff.PatchError as err:
-                raise UsageError(f"patch {p.name} does not apply to the HEAD of {p.target.name}: {err}") from None
-            if new is None:
-                path.unlink()
-            else:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                path.write_bytes(new)
+def _write(copy: Path, files: dict[str, bytes | None]) -> None:
+    for rel, data in files.items():
+        path = copy / rel
+        if data is None:
+            path.unlink(missing_ok=True)
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(data)
 
 
 def _run(command: str, cwd: Path, log: Path, timeout_s: float, python: str | None = None) -> int:
@@ -181,10 +228,10 @@ def installed_by_build(before: dict[str, int], after: dict[str, int]) -> list[st
 PTH = "b70bench-built-trees.pth"
 
 
-def put_on_path(built: list[Built], site: Path) -> Path:
+def put_on_path(paths: list[str], site: Path) -> Path:
     """Make site's interpreter import the built copies (a .pth: paths appended to sys.path at start-up)."""
     pth = site / PTH
-    atomic_write_text(pth, "".join(f"{path}\n" for b in built for path in b.python_path()))
+    atomic_write_text(pth, "".join(f"{path}\n" for path in paths))
     return pth
 
 
@@ -257,17 +304,20 @@ def build(
     sites: list[Path] | None = None,
     python: str | None = None,
 ) -> Built:
-    """The built copy of tree at its HEAD with tree_patches applied; cached; raises BuildFailed (recorded) or a
-    UsageError (the tree or a patch is unusable: nothing is recorded, since nothing was built). `sites`: the shared
-    environment's site-packages, which the build must leave alone (default: this interpreter's)."""
+    """The built copy of tree at its HEAD with the files a build reads patched, and the patched Python files to place
+    over it; cached; raises BuildFailed (recorded) or a UsageError (the tree or a patch is unusable: nothing is
+    recorded, since nothing was built). `sites`: the shared environment's site-packages, which the build must leave
+    alone (default: this interpreter's)."""
     cache = Path(cache) if cache else cache_dir()
     root = Path(tree)
     head = tree_head(root)
-    key = build_key(head, tree_patches, command)
+    compiled, placed = split(root, patched_files(root, head, tree_patches))
+    key = build_key(head, compiled, command)
     final = cache / key
+    done = Built(tree, key, final, tuple(sorted(placed.items())))
     with _locked(cache / f"{key}.lock"):
         if (final / DONE).exists():
-            return Built(tree, key, final)
+            return done
         failed = failed_record(cache, key)
         if failed is not None:
             raise BuildFailed(failed)
@@ -275,12 +325,12 @@ def build(
         tmp = Path(tempfile.mkdtemp(dir=cache, prefix=f".{key}."))
         try:
             _export(root, head, tmp)
-            _apply(tmp, tree_patches)
+            _write(tmp, compiled)
             (tmp / SITE_DIR).mkdir(exist_ok=True)
             log = cache / f"{key}.log"
             if command:
                 timeout_s = float(os.environ.get(BUILD_TIMEOUT_ENV) or BUILD_TIMEOUT_S)
-                out(f"b70bench: building {root} at {head[:12]} + {len(tree_patches)} patch(es): {command}")
+                out(f"b70bench: building {root} at {head[:12]} + {len(compiled)} changed file(s) it reads: {command}")
                 sites = shared_sites() if sites is None else sites
                 t0, marks = time.monotonic(), installs(sites)
                 rc = _run(command, tmp, log, timeout_s, python)
@@ -301,6 +351,7 @@ def build(
                         "head": head,
                         "key": key,
                         "patches": [p.name for p in tree_patches],
+                        "built_files": sorted(compiled),
                         "command": command,
                         "exit": rc,
                         "seconds": round(time.monotonic() - t0, 1),
@@ -311,18 +362,20 @@ def build(
                     record["headline"] = shared or headline(record["tail"])
                     atomic_write_text(cache / f"{key}.failed.json", json.dumps(record, indent=2) + "\n")
                     raise BuildFailed(record)
-            info = {"tree": tree, "head": head, "patches": [p.name for p in tree_patches], "command": command}
+            info = {"tree": tree, "head": head, "built_files": sorted(compiled), "command": command}
             (tmp / DONE).write_text(json.dumps(info, indent=2) + "\n")
             os.rename(tmp, final)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
-    return Built(tree, key, final)
+    return done
 
 
 def planned(tree: str, tree_patches: list[Patch], command: str | None, cache: Path | None = None) -> str:
     """What build() would do, without doing it: "cached", "failed before" or "to build" (for a walk's plan)."""
     cache = Path(cache) if cache else cache_dir()
-    key = build_key(tree_head(Path(tree)), tree_patches, command)
+    root = Path(tree)
+    head = tree_head(root)
+    key = build_key(head, split(root, patched_files(root, head, tree_patches))[0], command)
     if (cache / key / DONE).exists():
         return "cached"
     return "failed before" if failed_record(cache, key) is not None else "to build"
