@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 from b70bench import device, patches, records, revisions, stats
+from b70bench import side_settings as side_flags
 from b70bench.decode import pair
 from b70bench.errors import UsageError
 from b70bench.paired import placement as placements
@@ -281,21 +282,8 @@ def run(args) -> int:
 
 
 def side_settings(args) -> dict[str, Settings]:
-    """Each side's own environment variables and engine arguments (--a-env, --b-unset, --b-engine-arg, ...)."""
-    out = {}
-    for s in SIDES:
-        low = s.lower()
-        env = {}
-        for item in getattr(args, f"{low}_env") or []:
-            key, sep, value = item.partition("=")
-            if not sep or not key.replace("_", "").isalnum():
-                raise UsageError(f"--{low}-env {item!r}: write KEY=VALUE, e.g. --b-env VLLM_MY_FLAG=1")
-            env[key] = value
-        unset = tuple(getattr(args, f"{low}_unset") or ())
-        both = sorted(set(env) & set(unset))
-        if both:
-            raise UsageError(f"--{low}-env and --{low}-unset both name {both[0]}: keep one")
-        out[s] = Settings(env, unset, shapes.parse_engine_args(getattr(args, f"{low}_engine_arg")))
+    """Each side's own settings (b70bench.side_settings); moe-down's sides are kernels and take none."""
+    out = side_flags.from_args(args)
     if args.suite == "moe-down" and any(out.values()):
         raise UsageError("--a-env, --b-unset, --b-engine-arg and the like set a vLLM side; moe-down sides are kernels")
     return out
@@ -339,14 +327,7 @@ def register(sub) -> None:
         metavar="pPnN[bB]",
         help=f"decode shape (default: the stack's first, else {pair.DEFAULT_SHAPE})",
     )
-    for s in "ab":
-        side = s.upper()
-        for flag, metavar, what in (
-            ("env", "KEY=VALUE", f"a variable set in side {side}'s processes only (repeat): a flag A/B on a revision"),
-            ("unset", "KEY", f"a variable removed from side {side}'s processes"),
-            ("engine-arg", "KEY=VALUE", f"one more LLM(...) argument for side {side}, JSON value (serve: its flag)"),
-        ):
-            p.add_argument(f"--{s}-{flag}", action="append", metavar=metavar, help=what)
+    side_flags.add_flags(p)
     p.add_argument(
         "--budget",
         type=float,

@@ -20,7 +20,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from b70bench import patches, state, walklog
+from b70bench import patches, side_settings, state, walklog
 from b70bench.errors import UsageError
 from b70bench.history import commits_in, export_patches, git
 from b70bench.paired import placement as placements
@@ -436,11 +436,18 @@ def run(args) -> int:
     if args.stack:
         os.environ[description.ENV_VAR] = stack.source  # the asv adapters read it in asv's processes
         stack_hash = stack.hash()
+    settings = side_settings.from_args(args)
+    inputs = {"asv_args": asv_args, "stack": stack_hash}
+    if side_settings.to_env(settings):
+        os.environ[side_settings.ENV_VAR] = side_settings.to_env(settings)
+        inputs["settings"] = side_settings.to_env(settings)
     machine = args.machine or platform.node()
     results = state.asv_results_dir(walker.repo)
-    record = Record(walklog.path(results, machine), {"asv_args": asv_args, "stack": stack_hash})
+    record = Record(walklog.path(results, machine), inputs)
     where = f"shard {args.shard} ({len(commits)} of {len(every)} commits)" if args.shard else f"{len(commits)} commits"
     header = f"plan: {where} on machine {machine}, results in {results}"
+    if "settings" in inputs:
+        header += f"\nsides: each commit with {side_settings.describe(settings)} on the same commit (not its parent)"
     for line in plan_lines(walker, commits, record, None, header, asv_args, stack):
         print(line)
     if args.plan:
@@ -466,8 +473,8 @@ def register(sub) -> None:
         help="walk a commit range on an existing environment (apply, asv run, restore)",
         description="For each commit of RANGE: build its source-tree patches into copies, apply its patches/ "
         "series to the environment of --python, run `asv run -E existing:PATH --set-commit-hash SHA` (the paired "
-        "suites measure the commit against its parent), restore. --plan prints the commits, builds and what each "
-        "commit may cost first.",
+        "suites measure the commit against its parent, or with --b-env and the like against itself with side A's "
+        "settings), restore. --plan prints the commits, builds and what each commit may cost first.",
         epilog="Budgets per commit: B70BENCH_DECODE_BUDGET_MIN (minutes a decode shape), B70BENCH_SERVE_BUDGET_MIN "
         "(minutes a serve level), B70BENCH_DECODE_ROUNDS / B70BENCH_SERVE_ROUNDS (timed calls a start), "
         "B70BENCH_DECODE_SHAPES / B70BENCH_SERVE_CONCURRENCY (what is measured). Planning an overnight walk on a rig: "
@@ -485,6 +492,8 @@ def register(sub) -> None:
     )
     p.add_argument("--asv-args", default="", help='extra arguments for asv run, e.g. "--bench Decode -a repeat=3"')
     p.add_argument("--restore", action="store_true", help="only restore the environment (after an interrupted walk)")
+    # Sides that differ by settings: each commit measured with B's against itself with A's (a flag swept).
+    side_settings.add_flags(p)
     p.add_argument(
         "--shard",
         metavar="K/N",

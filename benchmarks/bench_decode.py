@@ -23,7 +23,7 @@ names a backend this environment lacks is skipped with that reason.
 
 import os
 
-from b70bench import cachekey, decode, patches
+from b70bench import cachekey, decode
 from b70bench.decode import pair
 from b70bench.decode import suite as decode_suite
 from b70bench.errors import UsageError
@@ -33,6 +33,7 @@ from b70bench.stack import description, shapes
 from b70bench.stack import model as decode_model
 
 from .common import (
+    against_base,
     budget_s_from_env,
     lost_if_none,
     paired_walk,
@@ -45,7 +46,6 @@ from .common import (
     stack_param,
     value,
     walked_commit,
-    walked_repo,
     whole_from_env,
 )
 
@@ -92,12 +92,9 @@ def _rounds() -> int:
 def _paired_summary(shape: str, dev, stack) -> dict:
     """One shape of this commit against its parent (paired.sides.against_parent) as the figures asv tracks."""
     commit = walked_commit()
-    repo = walked_repo()
     out_dir = decode_model.cache_root() / "asv-paired" / commit[:12] / shape
-    res = sides.against_parent(
-        repo,
+    res = against_base(
         commit,
-        patches.Env(),
         out_dir,
         pair.compare_series,
         shape=shape,

@@ -20,7 +20,7 @@ measures separate starts instead, as above. B70BENCH_STACK names the stack file 
 
 import os
 
-from b70bench import patches, serve, stats
+from b70bench import serve, stats
 from b70bench.paired import sides, stopping
 from b70bench.serve import cli as serve_cli
 from b70bench.serve import pair as serve_pair
@@ -28,6 +28,7 @@ from b70bench.serve import suite as serve_suite
 from b70bench.stack import model as decode_model
 
 from .common import (
+    against_base,
     budget_s_from_env,
     lost_if_none,
     paired_walk,
@@ -39,7 +40,6 @@ from .common import (
     stack_param,
     value,
     walked_commit,
-    walked_repo,
     whole_from_env,
 )
 
@@ -74,10 +74,8 @@ def _paired_level(concurrency: int, backend: str, stack) -> dict:
     """One level of this commit against its parent (paired.sides.against_parent with serve's pairing), as the
     figures asv tracks: per block, this commit's median E2E and its B/A to the parent."""
     commit = walked_commit()
-    res = sides.against_parent(
-        walked_repo(),
+    res = against_base(
         commit,
-        patches.Env(),
         decode_model.cache_root() / "asv-paired-serve" / commit[:12] / f"c{concurrency}",
         serve_pair.compare_series,
         concurrency=concurrency,

@@ -22,18 +22,22 @@ def stack_param() -> str:
     """The stack's asv parameter, `name@backend`: the page names the stack and device of every figure and verdict,
     so the CPU default's can never pass for a rig's. Read at import, when asv lists the benchmarks: a bad file gives
     a label that setup_cache then skips with the file's one-line fix."""
+    from b70bench import side_settings
     from b70bench.stack import description
 
     try:
         stack = description.from_env()
+        settings = side_settings.from_env()
     except UsageError:
         return "unreadable-stack"
+    # A walk whose sides differ by settings is another series on the page, named by what differs.
+    extra = f" ({side_settings.describe(settings)})" if settings else ""
     if stack.backend:
-        return f"{stack.name}@{stack.backend}"
+        return f"{stack.name}@{stack.backend}{extra}"
     try:
-        return f"{stack.name}@{select_device().backend}"
+        return f"{stack.name}@{select_device().backend}{extra}"
     except NotImplementedError:
-        return f"{stack.name}@cpu"
+        return f"{stack.name}@cpu{extra}"
 
 
 def stack_and_device():
@@ -112,6 +116,21 @@ def walked_commit() -> str | None:
     """The commit asv is measuring: ASV_COMMIT in an environment asv built; in an existing one (`b70bench
     revisions`, which asv gives no ASV_COMMIT) B70BENCH_COMMIT, which revisions sets per commit."""
     return os.environ.get("ASV_COMMIT") or os.environ.get("B70BENCH_COMMIT") or None
+
+
+def against_base(commit: str, out_dir: Path, measure, **kw) -> dict:
+    """One paired verdict of the walked commit: against its parent, or, where the walk's sides differ by settings
+    (`revisions --b-env ...`), against itself with A's settings (paired.sides)."""
+    from b70bench import patches, side_settings
+    from b70bench.paired import sides
+
+    try:
+        settings = side_settings.from_env()
+    except UsageError as err:
+        raise NotImplementedError(str(err)) from None
+    if settings is None:
+        return sides.against_parent(walked_repo(), commit, patches.Env(), out_dir, measure, **kw)
+    return sides.against_self(walked_repo(), commit, patches.Env(), out_dir, measure, settings, **kw)
 
 
 def walked_repo() -> Path:

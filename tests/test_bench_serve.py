@@ -106,3 +106,45 @@ def test_walking_commits_pairs_each_level_with_the_parent(monkeypatch, tmp_path)
     monkeypatch.setenv("B70BENCH_SERVE_BUDGET_MIN", "0.5")
     with pytest.raises(NotImplementedError, match="B70BENCH_SERVE_BUDGET_MIN"):
         b.setup_cache()
+
+
+def test_a_walk_whose_sides_differ_by_settings_measures_each_commit_against_itself(monkeypatch, tmp_path):
+    """`revisions --b-env FLAG=1` sweeps a flag over the commits: each adapter measures the walked commit with B's
+    settings against the same commit with A's (paired.sides.against_self, both sides its series), and the page's
+    stack parameter names what differs, so those figures never share a series with the walk against parents."""
+    from types import SimpleNamespace
+
+    from gitrepo import git
+
+    from b70bench import side_settings
+    from b70bench.paired import sides
+    from b70bench.paired.blocks import Settings
+    from benchmarks import common
+
+    repo = tmp_path / "repo"
+    (repo / "patches").mkdir(parents=True)
+    git(repo.parent, "init", "-q", "-b", "main", str(repo))
+    (repo / "patches" / "series").write_text("")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "one")
+    commit = git(repo, "rev-parse", "HEAD")
+    monkeypatch.setenv("B70BENCH_REPO", str(repo))
+    seen = {}
+
+    def measure(dirs, env, out_dir, settings=None, **kw):
+        seen.update(dirs={s: (d / "series").read_text() for s, d in dirs.items()}, settings=settings, kw=kw)
+        return {"blocks": 2}
+
+    monkeypatch.setattr(sides, "against_parent", lambda *a, **k: pytest.fail("a flag sweep has no parent side"))
+    wanted = {"A": Settings(), "B": Settings({"VLLM_FLAG": "1"})}
+    monkeypatch.setenv(side_settings.ENV_VAR, side_settings.to_env(wanted))
+    res = common.against_base(commit, tmp_path / "out", measure, shape="p16n16")
+    assert res["commit"] == res["parent"] == commit and seen["settings"] == wanted
+    assert seen["dirs"] == {"A": "", "B": ""} and seen["kw"] == {"shape": "p16n16"}
+    monkeypatch.setattr(common, "select_device", lambda *a: SimpleNamespace(backend="cpu"))
+    assert common.stack_param().endswith("@cpu (B: VLLM_FLAG=1 against A: -)")
+    monkeypatch.delenv(side_settings.ENV_VAR)
+    assert common.stack_param().endswith("@cpu")
+    monkeypatch.setenv(side_settings.ENV_VAR, "{not json")
+    with pytest.raises(NotImplementedError, match="unset it"):
+        common.against_base(commit, tmp_path / "out", measure)

@@ -316,6 +316,15 @@ def test_plan_names_each_commits_builds_and_runs_nothing(tree_history, tmp_path)
     assert lines[6] == "serve: 1 4 16 requests, 10 min a level (B70BENCH_SERVE_BUDGET_MIN)", lines
     assert lines[7] == "starts: 6 at least a decided measurement (3 blocks of 2)", lines
     assert lines[8].startswith("time: at most ~40 min a commit") and "~1.3 h for 2 commits to measure" in lines[8]
+    # A flag swept over the same commits: the plan says each commit is measured against itself, with what differs.
+    done = subprocess.run(
+        [*cmd, "--b-env", "VLLM_FLAG=1"], capture_output=True, text=True, timeout=120, cwd=ROOT, env=env
+    )
+    assert done.returncode == 0, done.stderr
+    assert (
+        done.stdout.splitlines()[1]
+        == "sides: each commit with B: VLLM_FLAG=1 against A: - on the same commit (not its parent)"
+    )
 
 
 def test_plan_cost_follows_the_stack_the_budgets_and_the_selected_suites(tmp_path, monkeypatch):

@@ -125,3 +125,13 @@ def against_parent(repo: Path, commit: str, env: patches.Env, out_dir: Path, mea
         res = measure(dirs, env, out_dir, **kw)
     res["commit"], res["parent"], res["skipped_parents"] = commit, parent, skipped
     return res
+
+
+def against_self(repo: Path, commit: str, env: patches.Env, out_dir: Path, measure, settings: dict, **kw) -> dict:
+    """measure() of a commit's series on both sides, each with its own settings (a flag swept over a walk's
+    commits: at every commit, B's settings against A's); the result's parent is the commit itself."""
+    with tempfile.TemporaryDirectory(prefix="b70bench-self-") as tmp:
+        series = history.export_patches(repo, commit, Path(tmp) / "series")
+        res = measure({s: series for s in SIDES}, env, out_dir, settings=settings, **kw)
+    res["commit"], res["parent"], res["skipped_parents"] = commit, commit, []
+    return res
