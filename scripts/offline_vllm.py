@@ -45,10 +45,12 @@ except ImportError:  # pragma: no cover - depends on the interpreter
     from pip._vendor.packaging.requirements import Requirement
     from pip._vendor.packaging.version import Version
 
-# Extension modules vLLM's CUDA wheel ships that the Triton attention backend does not need (FlashAttention 2/3 are
-# ~340 MB of the wheel's ~530 MB unpacked), and DeepGEMM's headers and module (FP8 GEMMs on Hopper and later).
+# Extension modules vLLM's CUDA wheel ships that the Triton attention backend does not need: FlashAttention 2 (190 MB
+# unpacked), FlashMLA, DeepGEMM's headers and module (FP8 GEMMs on Hopper and later). FlashAttention 3 stays: on
+# CUDA, vLLM 0.20.1 imports vllm.vllm_flash_attn when a model file loads, and that package refuses to import
+# without one of the two extensions.
 DEFAULT_DROP = (
-    "vllm/vllm_flash_attn/*.so",
+    "vllm/vllm_flash_attn/_vllm_fa2_C*.so",
     "vllm/_flashmla*.so",
     "vllm/third_party/deep_gemm/*",
 )

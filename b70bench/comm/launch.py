@@ -20,6 +20,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from b70bench.stack import process
+
 ENV_PARAMS = "B70BENCH_AR_PARAMS"
 ENV_DIR = "B70BENCH_AR_DIR"
 RESULT_FILE = "result.json"
@@ -119,7 +121,7 @@ def launch(params_json: str, world: int, *, timeout_s: float, cpu: bool) -> dict
     """Run `world` ranks to completion; rank 0's result payload, or RankFailure."""
     directory = tempfile.mkdtemp(prefix="b70bench-allreduce-")
     port = free_port()
-    cmd = [sys.executable, "-m", "b70bench.allreduce"]
+    cmd = process.guarded(sys.executable, "b70bench.allreduce")
     procs: list[subprocess.Popen] = []
     try:
         for rank in range(world):

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from b70bench.decode.child import RESULT_PREFIX
-from b70bench.stack import logs
+from b70bench.stack import logs, process
 from b70bench.stack.process import kill_group
 
 
@@ -66,7 +66,7 @@ def run_child(
         t0 = time.perf_counter()
         # prefix execs (setarch does), so the child's pid is still its process group's id.
         proc = subprocess.Popen(
-            [*prefix, python or sys.executable, "-m", module, str(spec_path)],
+            [*prefix, *process.guarded(python or sys.executable, module, str(spec_path))],
             stdin=subprocess.DEVNULL,
             stdout=logf,
             stderr=subprocess.STDOUT,

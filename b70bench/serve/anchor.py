@@ -85,7 +85,7 @@ def run_bench(
     log = out_json.with_suffix(".log")
     with open(log, "w") as f:
         proc = subprocess.Popen(
-            [python or sys.executable, "-m", "b70bench.serve.anchor", str(out_json), *args],
+            process.guarded(python or sys.executable, "b70bench.serve.anchor", str(out_json), *args),
             stdout=f,
             stderr=subprocess.STDOUT,
             env=env,

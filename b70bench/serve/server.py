@@ -78,7 +78,7 @@ class Server:
         self.t0 = time.monotonic()
         with open(self.log_path, "w") as log:
             self.proc = subprocess.Popen(
-                [self.python, "-m", self.module, *self.args, "--host", "127.0.0.1", "--port", str(self.port)],
+                process.guarded(self.python, self.module, *self.args, "--host", "127.0.0.1", "--port", str(self.port)),
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,

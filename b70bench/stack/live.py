@@ -41,7 +41,7 @@ class LiveProcess:
         self._log = open(self.log_path, "w")
         try:
             self.proc = subprocess.Popen(
-                [python or sys.executable, "-m", self.module, str(spec_path), str(wfd)],
+                process.guarded(python or sys.executable, self.module, str(spec_path), str(wfd)),
                 stdin=subprocess.PIPE,
                 stdout=self._log,
                 stderr=subprocess.STDOUT,

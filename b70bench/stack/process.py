@@ -18,6 +18,31 @@ import time
 from b70bench.stack.host import cpu_jiffies
 
 TERM_GRACE_S = 10.0
+ORPHAN_GRACE_S = 30.0  # an orphaned engine's own stop (vLLM takes up to ~35 s) before its group gets SIGKILL
+
+# Runs `python -m MODULE ARGS` (runpy, same process) with a thread that watches the process that started it: once
+# that is gone (SIGKILLed by asv at its timeout, a kill -9 of a walk), the whole group gets SIGTERM, then SIGKILL.
+# A session of its own lets a stop reach every worker of an engine, and it would otherwise outlive its starter on the
+# GPUs. Inline, importing nothing of b70bench: a server runs on the walked environment's interpreter.
+_GUARD = """
+import os, runpy, signal, sys, threading, time
+parent, grace = int(sys.argv[1]), float(sys.argv[2])
+def watch():
+    while os.getppid() == parent:
+        time.sleep(0.5)
+    os.killpg(0, signal.SIGTERM)
+    time.sleep(grace)
+    os.killpg(0, signal.SIGKILL)
+threading.Thread(target=watch, daemon=True).start()
+sys.argv = sys.argv[3:]
+runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
+"""
+
+
+def guarded(python: str, module: str, *args: str) -> list[str]:
+    """The command for `python -m module args` in a session of its own (the caller passes start_new_session=True)
+    that takes its group down when this process dies without stopping it."""
+    return [python, "-c", _GUARD, str(os.getpid()), str(ORPHAN_GRACE_S), module, *args]
 
 
 def group_members(pgid: int) -> list[int]:

@@ -14,7 +14,8 @@
 #   branch      `compare base branch` on the 0.9 stack: speed quiet, compile-cache key named
 #   flag        `compare base flagged --b-env FLAG=1` (in-graph work on: slower), then `compare base flagged` (off)
 #   serve       `serve --stack` at 1 and 4 requests, beside `vllm bench serve`
-# Environment: PARTS (the folder of the parts and parts.json; setup needs it until SITE holds vLLM), WORK (models,
+# Environment: PARTS (the folder of the parts and parts.json; setup needs it until SITE holds vLLM), EXTRA (more
+# wheels for SITE), WORK (models,
 # stacks, series, caches, logs in WORK/logs; default results/vllm-gpu/work), SITE (WORK/site), OUT (results/vllm-gpu:
 # one .tgz a call of every log and JSON it wrote), PYTHON (python3),
 # BUDGET (compare minutes, 4), REPS and SIZE (the graph series' work, 8 and 64).
@@ -60,6 +61,10 @@ setup() {
   if [[ ! -d $SITE/vllm ]]; then
     [[ -n $PARTS ]] || { echo "no vLLM in $SITE: set PARTS to the folder of the parts (docs/offline-vllm.md)"; return 2; }
     $PY scripts/offline_vllm.py install --parts "$PARTS" --target "$SITE" || return 1
+  fi
+  # Wheels sent beside an older bundle (one that left out xgrammar, which vLLM imports when an engine starts).
+  if [[ -n ${EXTRA:-} ]] && compgen -G "$EXTRA/*.whl" > /dev/null; then
+    $PY -m pip install -q --no-index --no-deps --no-compile --target "$SITE" "$EXTRA"/*.whl || return 1
   fi
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   $PY -c 'import torch, triton, vllm; print("torch", torch.__version__, "triton", triton.__version__,
