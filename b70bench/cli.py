@@ -27,6 +27,7 @@ SUBCOMMAND_MODULES = (
     "b70bench.revisions",
     "b70bench.serve.cli",
     "b70bench.compare",
+    "b70bench.bisect",
     "b70bench.stack.cli",
     "b70bench.kernel_vs_model",
 )

@@ -21,6 +21,7 @@ import os
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from b70bench import device, patches, records, revisions, stats
@@ -163,12 +164,25 @@ def plan_lines(args, stack: description.Stack, dev, where: str, why: str, settin
     return lines
 
 
-def run(args) -> int:
+@dataclass
+class Prepared:
+    """What every measurement of one command shares: the environment, stack, device, placement, sides' settings."""
+
+    python: str
+    env: patches.Env
+    stack: description.Stack
+    dev: object
+    where: str
+    why: str
+    settings: dict
+
+
+def prepare(args) -> Prepared:
+    """The checked options (defaults filled in args) and what they resolve to; bad input refused in one line before
+    anything is built or started."""
     python = args.python or sys.executable
     prefix = Path(args.prefix) if args.prefix else revisions.env_prefix(python)
     env = patches.Env(prefix, (args.site_dir,) if args.site_dir else None)
-    if not (args.a and args.b):
-        raise UsageError("name two sides (commits or series directories)")
     if args.budget is not None and args.budget < stopping.MIN_BUDGET_MIN:
         raise UsageError(
             f"--budget {args.budget:g} min is too small to decide anything: one block (two engine starts and "
@@ -212,8 +226,16 @@ def run(args) -> int:
     stack.check_devices(backend, dev.count)
     where, why = placements.choose(args.placement, backend, None if args.suite == "moe-down" else stack)
     check_budget(args, stack, where)
+    return Prepared(python, env, stack, dev, where, why, settings)
+
+
+def run(args) -> int:
+    if not (args.a and args.b):
+        raise UsageError("name two sides (commits or series directories)")
+    pre = prepare(args)
+    stack, backend, where, why, python = pre.stack, pre.dev.backend, pre.where, pre.why, pre.python
     if args.plan:
-        print("\n".join(plan_lines(args, stack, dev, where, why, settings)))
+        print("\n".join(plan_lines(args, stack, pre.dev, where, why, pre.settings)))
         return 0
     out_dir = (
         Path(args.out_dir) if args.out_dir else decode_model.cache_root() / "compare" / time.strftime("%Y%m%dT%H%M%S")
@@ -221,6 +243,8 @@ def run(args) -> int:
     # SIGTERM (a CI timeout, `kill`) unwinds like Ctrl-C, so every engine is stopped and reaped on the way out.
     process.unwind_on_sigterm()
     if args.suite == "moe-down":  # two kernels, not two series: nothing of vLLM is read or patched
+        from b70bench.moe import pair as moe_pair
+
         labels = {"A": args.a, "B": args.b}
         print(
             f"b70bench compare --suite moe-down: A = {args.a}, B = {args.b} (tp {args.tp}, {args.tokens} tokens); "
@@ -244,19 +268,30 @@ def run(args) -> int:
             max_blocks=None if args.max_starts is None else args.max_starts // 2,
         )
         return _report(res, labels, args)
+    res, labels = measure(args, pre, args.a, args.b, out_dir)
+    return _report(res, labels, args)
+
+
+def measure(args, pre: Prepared, a: str, b: str, out_dir: Path, say=True) -> tuple[dict, dict]:
+    """One decode or serve verdict of B against A (commits or series directories) with the checked options:
+    (the result, each side's label). say: print the header line and the blocks as they finish."""
+    from b70bench.serve import pair as serve_pair
+
+    command = getattr(args, "command", None) or "compare"
     with tempfile.TemporaryDirectory(prefix="b70bench-compare-") as tmp:
         dirs, labels = {}, {}
-        for side, spec in zip(SIDES, (args.a, args.b), strict=True):
+        for side, spec in zip(SIDES, (a, b), strict=True):
             dirs[side], labels[side] = sides.resolve_side(Path(args.repo).resolve(), spec, Path(tmp) / side / "patches")
         for s in SIDES:
-            if settings[s]:
-                labels[s] += f" with {settings[s].describe()}"
-        print(
-            f"b70bench compare: A = {labels['A']} (patch set {patches.load(dirs['A']).hash}), "
-            f"B = {labels['B']} (patch set {patches.load(dirs['B']).hash}); {stack.describe()}; on {backend}, "
-            f"placement {where} ({why}), budget {budget_text(args)}; logs in {out_dir}",
-            flush=True,
-        )
+            if pre.settings[s]:
+                labels[s] += f" with {pre.settings[s].describe()}"
+        if say:
+            print(
+                f"b70bench {command}: A = {labels['A']} (patch set {patches.load(dirs['A']).hash}), "
+                f"B = {labels['B']} (patch set {patches.load(dirs['B']).hash}); {pre.stack.describe()}; on "
+                f"{pre.dev.backend}, placement {pre.where} ({pre.why}), budget {budget_text(args)}; logs in {out_dir}",
+                flush=True,
+            )
         common = dict(
             shape=args.shape,
             budget_s=args.budget * 60,
@@ -264,21 +299,21 @@ def run(args) -> int:
             min_effect=args.min_effect,
             floor=args.floor,
             rounds=args.rounds,
-            python=python,
+            python=pre.python,
             cache_dir=sides.paired_cache_dir(),
-            backend=backend,
+            backend=pre.dev.backend,
             placement=args.placement,
-            stack=stack,
+            stack=pre.stack,
             max_blocks=None if args.max_starts is None else args.max_starts // 2,
-            settings=settings,
-            out=lambda line: print(line, flush=True),
+            settings=pre.settings,
+            out=(lambda line: print(line, flush=True)) if say else (lambda _line: None),
         )
-        with patches.env_lock(env, "b70bench compare (overlays read the installed vLLM)"):
+        with patches.env_lock(pre.env, f"b70bench {command} (overlays read the installed vLLM)"):
             if args.suite == "serve":
-                res = serve_pair.compare_series(dirs, env, out_dir, concurrency=args.concurrency, **common)
+                res = serve_pair.compare_series(dirs, pre.env, out_dir, concurrency=args.concurrency, **common)
             else:
-                res = pair.compare_series(dirs, env, out_dir, **common)
-    return _report(res, labels, args)
+                res = pair.compare_series(dirs, pre.env, out_dir, **common)
+    return res, labels
 
 
 def side_settings(args) -> dict[str, Settings]:
@@ -308,8 +343,6 @@ def serve_rounds() -> int:
 
 
 def register(sub) -> None:
-    from b70bench.cli import add_json_arg, add_stack_arg
-
     p = sub.add_parser(
         "compare",
         help="two patch series measured against each other in blocks: ratio, verdict",
@@ -320,6 +353,14 @@ def register(sub) -> None:
     )
     p.add_argument("a", nargs="?", help="side A: a commit (its patches/ series) or a series directory")
     p.add_argument("b", nargs="?", help="side B: the same")
+    add_measure_options(p, ("decode", "serve", "moe-down"))
+    p.set_defaults(func=run)
+
+
+def add_measure_options(p, suites: tuple[str, ...]) -> None:
+    """compare's options past its two sides, shared with bisect (whose verdicts are compare's)."""
+    from b70bench.cli import add_json_arg, add_stack_arg
+
     p.add_argument("--python", default=None, metavar="PATH", help="interpreter of the environment (default: this one)")
     p.add_argument(
         "--shape",
@@ -352,13 +393,14 @@ def register(sub) -> None:
     add_stack_arg(p)
     p.add_argument(
         "--suite",
-        choices=("decode", "serve", "moe-down"),
+        choices=suites,
         default="decode",
         help="decode: offline calls (default); serve: each side's `vllm serve`, closed-loop levels; moe-down: A and "
         "B are kernels, `variant` or `variant@tiling-label`, each timed in a process of its own (no vLLM)",
     )
-    p.add_argument("--tp", type=int, default=4, help="moe-down: the shard's tensor-parallel size (default 4)")
-    p.add_argument("--tokens", type=int, default=1, help="moe-down: tokens per call (default 1)")
+    if "moe-down" in suites:
+        p.add_argument("--tp", type=int, default=4, help="moe-down: the shard's tensor-parallel size (default 4)")
+        p.add_argument("--tokens", type=int, default=1, help="moe-down: tokens per call (default 1)")
     p.add_argument("--concurrency", type=int, default=16, help="serve: requests in flight per level (default 16)")
     p.add_argument(
         "--rounds",
@@ -405,4 +447,3 @@ def register(sub) -> None:
     p.add_argument("--site-dir", default=None, help=argparse.SUPPRESS)  # tests: a pip --target install
     p.add_argument("--prefix", default=None, help=argparse.SUPPRESS)
     add_json_arg(p)
-    p.set_defaults(func=run)

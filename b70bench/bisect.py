@@ -1,0 +1,232 @@
+"""`b70bench bisect GOOD BAD`: which commit of a range carries a change, found by paired verdicts.
+
+First GOOD against BAD. "No change beyond X%": the range is done in one verdict. Slower or faster: the range is
+halved, the older end against the middle commit, until two neighbouring commits hold the change; then that commit's
+own verdict against its parent (unless the search measured exactly that pair) and the commit against BAD, so a
+second change after it is said, never guessed. A verdict that is neither the range's direction nor "no change"
+(undecided, the other direction, tokens that differ) stops the search with what was decided and what was not.
+
+Every verdict is `compare`'s (its options, its rule). Each is kept in a log (bisect.jsonl beside the asv results),
+keyed by the two commits and what else the verdict depends on, so the same bisect run again, after a crash or with
+a larger budget for what stayed undecided, reuses every verdict it has.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+from b70bench import compare, history, state, stats, walklog
+from b70bench.errors import UsageError
+from b70bench.paired import stopping
+from b70bench.stack import model as decode_model
+
+FOUND, NO_CHANGE, STOPPED = "found", "no change in the range", "stopped"
+WITHHELD = "tokens differ"  # B's speed withheld: a numerics change, not a speed verdict
+
+
+def word(res: dict) -> str:
+    """The verdict a search step acts on: compare's word, or WITHHELD where B's tokens differ from A's."""
+    if (res.get("sides") or {}).get("B", {}).get("gate") == 1:
+        return WITHHELD
+    return res.get("verdict") or stats.UNDECIDED
+
+
+def most_verdicts(commits: int) -> int:
+    """Verdicts a bisect of `commits` commits takes at most: the range, the halvings, the found one's own, the rest."""
+    return 1 + math.ceil(math.log2(commits)) + 2 if commits > 1 else 2
+
+
+def search(revs: list[str], measure, out=print) -> dict:
+    """revs: GOOD, then the range's commits oldest first (BAD last). measure(a, b) -> compare's result for B = b
+    against A = a. Returns the outcome, the found commit (or None), the steps and one line for each thing decided."""
+    steps: list[dict] = []
+
+    def verdict(i: int, j: int, why: str) -> str:
+        res = measure(revs[i], revs[j])
+        steps.append({"a": revs[i], "b": revs[j], "why": why, "word": word(res), **_figures(res)})
+        out(f"  [{len(steps)}] {revs[j][:10]} against {revs[i][:10]} ({why}): {_text(res)}")
+        return steps[-1]["word"]
+
+    first = verdict(0, len(revs) - 1, "the range")
+    if first == stats.NO_CHANGE:
+        return _outcome(NO_CHANGE, None, steps, [f"no change between {revs[0][:10]} and {revs[-1][:10]}"])
+    if first not in (stats.SLOWER, stats.FASTER):
+        return _outcome(STOPPED, None, steps, [f"the range is {first}: nothing to bisect (more budget may decide it)"])
+    lo, hi, measured = 0, len(revs) - 1, {(0, len(revs) - 1)}
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        got = verdict(lo, mid, "halving")
+        measured.add((lo, mid))
+        if got == first:
+            hi = mid
+        elif got == stats.NO_CHANGE:
+            lo = mid
+        else:
+            said = [
+                f"{first} between {revs[0][:10]} and {revs[-1][:10]}; {revs[mid][:10]} against {revs[lo][:10]} is "
+                f"{got}: the change lies between {revs[lo][:10]} and {revs[hi][:10]}, not placed further"
+            ]
+            return _outcome(STOPPED, None, steps, said, between=(revs[lo], revs[hi]))
+    found = revs[hi]
+    said = []
+    own = verdict(lo, hi, "its own, against its parent") if (lo, hi) not in measured else first
+    if own != first:  # the halvings say the change is here, its own verdict does not: several smaller steps
+        said.append(f"{found[:10]} against its parent is {own}: the {first} range is not carried by one commit")
+        return _outcome(STOPPED, None, steps, said, between=(revs[lo], revs[hi]))
+    said.append(f"{found[:10]} is {first} against its parent {revs[lo][:10]}")
+    if hi < len(revs) - 1:
+        rest = verdict(hi, len(revs) - 1, "the rest of the range")
+        if rest == stats.NO_CHANGE:
+            said.append(f"no change after it up to {revs[-1][:10]}: it carries the range's change")
+        else:
+            said.append(
+                f"after it up to {revs[-1][:10]} is {rest}: another change lies there "
+                f"(b70bench bisect {found[:10]} {revs[-1][:10]})"
+            )
+    return _outcome(FOUND, found, steps, said, parent=revs[lo])
+
+
+def _figures(res: dict) -> dict:
+    return {k: res.get(k) for k in ("ratio", "lo", "hi", "text", "blocks", "starts", "minutes")}
+
+
+def _text(res: dict) -> str:
+    if word(res) == WITHHELD:
+        return "B's speed withheld: tokens differ from A's"
+    return f"{res.get('text') or word(res)}; {res.get('blocks', 0)} blocks, {res.get('starts', 0)} starts, " + (
+        f"{res.get('minutes') or 0:.1f} min"
+    )
+
+
+def _outcome(outcome: str, found: str | None, steps: list[dict], said: list[str], **more) -> dict:
+    return {
+        "outcome": outcome,
+        "found": found,
+        "steps": steps,
+        "verdicts": len(steps),
+        "starts": sum(s.get("starts") or 0 for s in steps),
+        "minutes": sum(s.get("minutes") or 0 for s in steps),
+        "said": said,
+        **more,
+    }
+
+
+class Log:
+    """The verdicts of earlier bisects, by (A, B, what else they depend on): a rerun measures only what is new.
+    A verdict that was undecided or failed is measured again."""
+
+    def __init__(self, path: Path, inputs: dict):
+        self.path, self.inputs = path, inputs
+        self.key = hashlib.sha256(json.dumps(inputs, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+    def get(self, a: str, b: str) -> dict | None:
+        for row in reversed(walklog.read(self.path)):
+            if row.get("key") == self.key and row.get("a") == a and row.get("b") == b:
+                return row["result"] if row["result"].get("verdict") != stats.UNDECIDED else None
+        return None
+
+    def add(self, a: str, b: str, res: dict) -> None:
+        keep = {k: res.get(k) for k in ("verdict", "text", "ratio", "lo", "hi", "blocks", "starts", "minutes")}
+        keep["sides"] = {"B": {"gate": (res.get("sides") or {}).get("B", {}).get("gate")}}
+        walklog.append(self.path, {"key": self.key, "a": a, "b": b, "result": keep, "at": time.time()})
+
+
+def plan_lines(args, pre, revs: list[str]) -> list[str]:
+    """What a bisect may cost, beside a walk of every commit against its parent at the same budget."""
+    n = len(revs) - 1
+    least = stopping.least_starts(stopping.DEFAULT_FIRST_BLOCKS, pre.where)
+    most = most_verdicts(n)
+    return [
+        f"plan: b70bench bisect {revs[0][:10]} {revs[-1][:10]}: {n} commits, {pre.stack.describe()}",
+        f"  placement: {pre.where} ({pre.why}); each verdict is compare's: budget {compare.budget_text(args)}, "
+        f"{least} counted starts at least",
+        f"  bisect: 1 verdict at least (no change in the range), {most} at most; {least} to {least * most}+ starts, "
+        f"at most ~{most * args.budget:g} min",
+        f"  a walk of each commit against its parent instead: {n} verdicts, {least * n}+ starts, at most "
+        f"~{n * args.budget:g} min",
+    ]
+
+
+def run(args) -> int:
+    if args.suite not in ("decode", "serve"):
+        raise UsageError(f"--suite {args.suite}: bisect walks commits of vLLM's series, decode or serve")
+    repo = Path(args.repo).resolve()
+    ends = []
+    for name, rev in (("GOOD", args.good), ("BAD", args.bad)):
+        try:
+            ends.append(history.git(repo, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}"))
+        except UsageError:
+            raise UsageError(f"{name} {rev!r} is not a commit of {repo}: name one (`git log --oneline`)") from None
+    commits = history.commits_in(repo, f"{ends[0]}..{ends[1]}")
+    revs = [ends[0], *commits]
+    pre = compare.prepare(args)
+    if args.plan:
+        print("\n".join(plan_lines(args, pre, revs)))
+        return 0
+    log = Log(
+        state.asv_results_dir(repo) / "bisect.jsonl",
+        {
+            "suite": args.suite,
+            "shape": args.shape,
+            "concurrency": args.concurrency if args.suite == "serve" else None,
+            "stack": pre.stack.hash(),
+            "settings": {s: v.to_json() for s, v in pre.settings.items()},
+            "level": args.level,
+            "min_effect": args.min_effect,
+            "floor": args.floor,
+        },
+    )
+    out_dir = (
+        Path(args.out_dir) if args.out_dir else decode_model.cache_root() / "bisect" / time.strftime("%Y%m%dT%H%M%S")
+    )
+    compare.process.unwind_on_sigterm()  # SIGTERM stops and reaps every engine on the way out, as Ctrl-C does
+
+    def measure(a: str, b: str) -> dict:
+        known = log.get(a, b)
+        if known is not None:
+            print(f"  (measured before: {b[:10]} against {a[:10]})", flush=True)
+            return known
+        res, _labels = compare.measure(args, pre, a, b, out_dir / f"{a[:10]}-{b[:10]}", say=False)
+        if res.get("blocks"):
+            log.add(a, b, res)
+        return res
+
+    print(
+        f"b70bench bisect {revs[0][:10]}..{revs[-1][:10]} ({len(commits)} commits): {pre.stack.describe()}; "
+        f"placement {pre.where}; budget {compare.budget_text(args)} a verdict; verdicts logged in {log.path}",
+        flush=True,
+    )
+    res = search(revs, measure, out=lambda line: print(line, flush=True))
+    print()
+    print(f"{res['outcome']}: " + "; ".join(res["said"]))
+    print(f"{res['verdicts']} verdicts, {res['starts']} starts, {res['minutes']:.1f} min")
+    if res["found"]:
+        print(
+            f"its verdict on the page: b70bench revisions {res['found'][:10]}^..{res['found'][:10]} --python "
+            f"{args.python or sys.executable}" + (f" --stack {args.stack}" if args.stack else "")
+        )
+    if args.json:
+        from b70bench import records
+
+        records.emit_json(args.json, res)
+    return 0 if res["outcome"] in (FOUND, NO_CHANGE) else 1
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "bisect",
+        help="which commit of GOOD..BAD carries a change: paired verdicts over a bisection of the range",
+        description="GOOD against BAD first; if slower or faster, halve the range with paired verdicts (compare's) "
+        "until the commit that carries the change is found, then its own verdict against its parent and the rest of "
+        "the range against it (a second change is said, not guessed). Verdicts are logged and reused when the same "
+        "bisect runs again. --plan prints the verdicts, starts and minutes at least and at most, beside a walk's.",
+    )
+    p.add_argument("good", help="the commit before the change (excluded from the range)")
+    p.add_argument("bad", help="the commit with it")
+    compare.add_measure_options(p, ("decode", "serve"))
+    p.set_defaults(func=run)
