@@ -240,3 +240,29 @@ def test_from_decode_record_pins_first_key_then_flags_a_change(tmp_path):
         {**run, "max_model_len": 4096, "cache_keys": logged}, pins_path=pins, machine="box"
     )
     assert other_config["aot_differs"] == 0  # another config gets its own pin
+
+
+def test_a_start_that_failed_is_a_failed_measurement(tmp_path, monkeypatch):
+    """`cache-key measure` whose vLLM start failed (on a GPU: a module vLLM imports was missing) reports the cause
+    and exits 1, pins nothing and saves no record: never an empty row with exit 0."""
+    from types import SimpleNamespace
+
+    from b70bench import decode
+    import importlib
+
+    from b70bench.cachekey import cli as cachekey_cli
+
+    cachekey_measure = importlib.import_module("b70bench.cachekey.measure")
+
+    failed = {"shape": "p128n64b1", "error": "ModuleNotFoundError: No module named 'xgrammar'", "log_path": "x.log"}
+    monkeypatch.setattr(decode, "measure", lambda **kw: [failed])
+    monkeypatch.setattr(cachekey_measure, "unavailable_reason", lambda dev: None)
+    rows = cachekey_measure.measure(SimpleNamespace(backend="cpu"), pins_path=tmp_path / "pins.json",
+                                    records_dir=tmp_path / "records")  # fmt: skip
+    assert rows[0]["error"].startswith("ModuleNotFoundError") and not (tmp_path / "pins.json").exists()
+    assert not (tmp_path / "records").exists()
+    monkeypatch.setattr(cachekey_cli, "measure", lambda *a, **k: rows)
+    monkeypatch.setenv("B70BENCH_BACKEND", "cpu")
+    from b70bench.cli import main
+
+    assert main(["cache-key", "measure", "--records", str(tmp_path / "records")]) == 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from b70bench import records, state
@@ -94,6 +95,10 @@ def run(args) -> int:
     print(records.format_table([_short(r) for r in rows], COLUMNS))
     if args.json:
         records.write_json(args.json, rows)
+    for r in rows:
+        if r.get("error"):  # a start that failed is a failed measurement, never an empty row with exit 0
+            print(f"b70bench cache-key: the start failed: {r['error']} (log {r.get('log_path')})", file=sys.stderr)
+            return 1
     return 0
 
 

@@ -89,6 +89,9 @@ def measure(
         shutil.rmtree(root, ignore_errors=True)
     run = recs[-1]
     rec = from_decode_record(run, keys, pins_path=pins_path, machine=machine, auto_pin=auto_pin)
+    if run.get("error"):  # the start failed: no key was chosen, and nothing is saved as if one had been
+        rec.update(error=run["error"], log_path=run.get("log_path"))
+        return [rec]
     save(rec, run, records_dir=records_dir, machine=machine)
     return [rec]
 
