@@ -245,11 +245,10 @@ def test_from_decode_record_pins_first_key_then_flags_a_change(tmp_path):
 def test_a_start_that_failed_is_a_failed_measurement(tmp_path, monkeypatch):
     """`cache-key measure` whose vLLM start failed (on a GPU: a module vLLM imports was missing) reports the cause
     and exits 1, pins nothing and saves no record: never an empty row with exit 0."""
+    import importlib
     from types import SimpleNamespace
 
     from b70bench import decode
-    import importlib
-
     from b70bench.cachekey import cli as cachekey_cli
 
     cachekey_measure = importlib.import_module("b70bench.cachekey.measure")

@@ -179,3 +179,18 @@ def test_hook_plugin_dir_registers_vllm_general_plugins(tmp_path):
     assert sorted(eps.values()) == ["b70bench.decode.hooks:scale_attention_output", "pkg.mod:fn"]
     with pytest.raises(UsageError):
         hooks.resolve("nonsense")
+
+
+def test_the_embedded_defaults_pins_are_written_to_the_state_directory_never_the_package(tmp_path, monkeypatch):
+    """Without a stack file, --accept-gate writes the state directory's gates.json (a reinstall keeps it, the package
+    stays as shipped); reading takes that file first, then the shipped pins."""
+    monkeypatch.setenv("B70BENCH_HOME", str(tmp_path / "home"))
+    shipped = json.loads(gate.GATES_FILE.read_text())["gates"][0]
+    k = {name: shipped[name] for name in shipped if name not in ("token_sha256", "accepted", "note")}
+    before = gate.GATES_FILE.read_text()
+    assert gate.pinned(k) == shipped["token_sha256"]  # the shipped pin, read
+    other = {**k, "backend": "cpu:amx_bf16"}
+    assert gate.pinned(other) is None and gate.accept(other, "ee" * 32) is None
+    assert gate.pinned(other) == "ee" * 32 and gate.user_file() == tmp_path / "home" / "gates.json"
+    assert gate.accept(k, "ff" * 32) == shipped["token_sha256"]  # re-pinned here: the state directory's wins
+    assert gate.verdict(k, "ff" * 32)[0] == gate.PASS and gate.GATES_FILE.read_text() == before

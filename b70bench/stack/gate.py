@@ -3,8 +3,10 @@
 A speed figure is only published when the generated tokens hash to the value a person pinned
 after review, as the lab did before every promoted result. Hashes are pinned per (model,
 backend, vLLM version, dtype, tensor parallel size), since each of those legitimately changes
-the numerics, in `gates.json` beside this module (shipped with the package, so every asv
-environment checks against the same file). `b70bench decode --accept-gate` writes them.
+the numerics. A stack file's pins live beside it (its `gate_file`). The embedded default's pins
+are read from the state directory (b70bench.state: results/gates.json of the asv project, which
+`b70bench decode --accept-gate` writes) and then from `gates.json` beside this module, shipped
+with the package and never written at run time.
 """
 
 from __future__ import annotations
@@ -97,10 +99,19 @@ def _same_key(entry: dict, k: dict) -> bool:
     return all(entry.get(name) == value for name, value in k.items())
 
 
+def user_file() -> Path:
+    """Where the embedded default's pins are written: the state directory, never the package."""
+    from b70bench import state
+
+    return state.home() / "gates.json"
+
+
 def pinned(k: dict, path: Path | None = None) -> str | None:
-    for entry in _load(path or GATES_FILE):
-        if _same_key(entry, k):
-            return entry["token_sha256"]
+    """The pinned hash for k: path's (a stack's pin file), else the state directory's, else the shipped one."""
+    for f in [Path(path)] if path else [user_file(), GATES_FILE]:
+        for entry in _load(f):
+            if _same_key(entry, k):
+                return entry["token_sha256"]
     return None
 
 
@@ -128,10 +139,11 @@ def describe(k: dict) -> str:
 
 
 def accept(k: dict, sha: str, path: Path | None = None, note: str = "") -> str | None:
-    """Pin sha for k (replacing an older pin); returns the previous hash, if any."""
-    path = Path(path or GATES_FILE)
+    """Pin sha for k in path (default: the state directory's file; replacing an older pin there); returns the hash
+    pinned before, if any."""
+    previous = pinned(k, path)
+    path = Path(path) if path else user_file()
     entries = _load(path)
-    previous = next((e["token_sha256"] for e in entries if _same_key(e, k)), None)
     entries = [e for e in entries if not _same_key(e, k)]
     entries.append(
         {**k, "token_sha256": sha, "accepted": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"), "note": note}
