@@ -127,7 +127,7 @@ def test_tuned_file_gives_back_a_mixed_tiling(tmp_path):
     ]
     path = tmp_path / "tune.json"
     path.write_text(json.dumps({"records": rows}))
-    tuned = tune.load_tuned(path)
+    tuned = configs.load_tuned(path)
     assert tuned[(1536, 3072, 16)] == cfg
     assert tuned[(1536, 3072, 16)].odd_pairs.label() == LABELS[-1].split("+")[1]
     assert tuned[(384, 3072, 1)] == configs.parse_label(rows[1]["config"])

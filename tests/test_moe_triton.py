@@ -193,11 +193,11 @@ def test_htile_takes_the_shipped_h200_table_on_an_h200_only(monkeypatch):
     another GPU get the untuned default."""
     import torch
 
-    from b70bench.moe import launch, policies, tune, variants
+    from b70bench.moe import configs, launch, policies, variants
 
     path = policies.table_path("NVIDIA H200")
     assert path.name == "device_name=NVIDIA_H200.json"
-    assert {(k, t): cfg.label() for (k, n, t), cfg in tune.load_tuned(path).items() if n == 3072} == H200_TABLE
+    assert {(k, t): cfg.label() for (k, n, t), cfg in configs.load_tuned(path).items() if n == 3072} == H200_TABLE
     monkeypatch.setattr(policies, "device_name", lambda device: "NVIDIA H200")
     htile = variants.TritonVariant("triton-htile", htile=True)
     for (k, tokens), label in H200_TABLE.items():

@@ -55,7 +55,7 @@ def run(args) -> int:
             shape=shape,
             repeat=repeat,
             seed=args.seed,
-            tuned=tune.load_tuned(args.tuned) if args.tuned else None,
+            tuned=configs.load_tuned(args.tuned) if args.tuned else None,
         )
         anchor = rows[0]["copy_gbps"] if rows else None
         print(

@@ -21,6 +21,7 @@ docs/moe-down.md.
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, fields, replace
 
@@ -201,3 +202,27 @@ def _value(name: str, value):
     if isinstance(value, str) and value.isdigit():
         return int(value)
     raise ValueError(f"tiling key {name}: {value!r} is not a whole number")
+
+
+def load_tuned(path) -> dict:
+    """(K, N, tokens) -> the fastest correct Config of a sweep's JSON (`--tune --json FILE`)."""
+    from b70bench.errors import UsageError
+
+    try:
+        with open(path) as f:
+            rows = json.load(f)["records"]
+    except (OSError, ValueError, KeyError) as err:
+        raise UsageError(f"cannot read tuned tilings from {path}: {err}; write them with --tune --json FILE") from None
+    best = {}
+    for r in rows:
+        if not r.get("ok") or r.get("time_us") is None:
+            continue
+        key = (r.get("k") or shape_k(r), r.get("n") or 3072, r["tokens"])
+        if key not in best or r["time_us"] < best[key]["time_us"]:
+            best[key] = r
+    return {key: from_fields(r["tiling"]) if "tiling" in r else parse_label(r["config"]) for key, r in best.items()}
+
+
+def shape_k(row: dict) -> int:
+    """K of an older sweep row without one: MiniMax's intermediate 1536 over its TP."""
+    return 1536 // row["tp"]

@@ -262,25 +262,6 @@ def sweep(
     return rows
 
 
-def load_tuned(path) -> dict:
-    """(K, N, tokens) -> the fastest correct Config of a sweep's JSON (`--tune --json FILE`)."""
-    from b70bench.errors import UsageError
-
-    try:
-        with open(path) as f:
-            rows = json.load(f)["records"]
-    except (OSError, ValueError, KeyError) as err:
-        raise UsageError(f"cannot read tuned tilings from {path}: {err}; write them with --tune --json FILE") from None
-    best = {}
-    for r in rows:
-        if not r.get("ok") or r.get("time_us") is None:
-            continue
-        key = (r.get("k") or shape_k(r), r.get("n") or 3072, r["tokens"])
-        if key not in best or r["time_us"] < best[key]["time_us"]:
-            best[key] = r
-    return {key: from_fields(r["tiling"]) if "tiling" in r else parse_label(r["config"]) for key, r in best.items()}
-
-
 def parse_tiling(text: str):
     """--tilings' argument: a tiling label, `key=value,key=value` (Config's field names), or the JSON object a
     sweep stores for a tiling (a row's `tiling`); a clear error naming the expected form otherwise."""
@@ -307,8 +288,3 @@ def parse_tiling(text: str):
             "a mixed tiling joins a 2-pair and a 1-pair label with +; or by field names: "
             "key=value,key=value or a JSON object"
         ) from None
-
-
-def shape_k(row: dict) -> int:
-    """K of an older sweep row without one: MiniMax's intermediate 1536 over its TP."""
-    return 1536 // row["tp"]

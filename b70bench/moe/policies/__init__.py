@@ -31,11 +31,11 @@ def table_path(name: str) -> Path:
 @functools.cache
 def load(path: Path) -> tuple[frozenset, dict]:
     """(activation dtype names, (K, N, tokens) -> Config) of one table."""
-    from b70bench.moe import tune
+    from b70bench.moe import configs
 
     with open(path) as f:
         activations = frozenset(json.load(f).get("activations", ()))
-    return activations, tune.load_tuned(path)
+    return activations, configs.load_tuned(path)
 
 
 def for_device(device: torch.device, dtype: torch.dtype) -> dict:
