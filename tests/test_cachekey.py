@@ -265,3 +265,17 @@ def test_a_start_that_failed_is_a_failed_measurement(tmp_path, monkeypatch):
     from b70bench.cli import main
 
     assert main(["cache-key", "measure", "--records", str(tmp_path / "records")]) == 1
+
+
+def test_measure_takes_the_stacks_first_shape(tmp_path, monkeypatch):
+    """`cache-key measure --stack F` probes the stack's own first shape unless --shape names one."""
+    from b70bench.cachekey import cli as cachekey_cli
+    from b70bench.cli import main
+
+    seen = []
+    monkeypatch.setattr(cachekey_cli, "measure", lambda dev, **kw: seen.append(kw["shape"]) or [])
+    stack = tmp_path / "s.toml"
+    stack.write_text('name = "s"\nbackend = "cpu"\nshapes = ["p64n32", "p512n128"]\n')
+    assert main(["cache-key", "measure", "--stack", str(stack)]) == 0
+    assert main(["cache-key", "measure", "--stack", str(stack), "--shape", "p16n16"]) == 0
+    assert seen == ["p64n32", "p16n16"]

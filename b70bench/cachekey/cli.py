@@ -85,7 +85,7 @@ def run(args) -> int:
     stack.check_devices(dev.backend, dev.count)
     rows = measure(
         dev,
-        shape=args.shape,
+        shape=args.shape or (stack.shapes[0] if stack.shapes else DEFAULT_SHAPE),
         pins_path=args.pins,
         machine=args.machine,
         auto_pin=not args.no_auto_pin,
@@ -113,7 +113,11 @@ def register(sub) -> None:
     p.add_argument("action", nargs="?", choices=["measure", "show", "explain", "pin"], default="measure")
     p.add_argument("a", nargs="?", help="show/pin: a cache dir, record or commit; explain: the first of two")
     p.add_argument("b", nargs="?", help="explain: the second cache dir, record or commit")
-    p.add_argument("--shape", default=DEFAULT_SHAPE, help=f"decode shape of the probe run (default {DEFAULT_SHAPE})")
+    p.add_argument(
+        "--shape",
+        default=None,
+        help=f"decode shape of the probe run (default: the stack's first, else {DEFAULT_SHAPE})",
+    )
     p.add_argument(
         "--pins",
         default=None,
