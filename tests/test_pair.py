@@ -450,3 +450,37 @@ def test_a_side_with_settings_gets_a_compile_cache_of_its_own(tmp_path):
     plain = sides.build_sides({"A": series, "B": series}, patches.Env(), tmp_path / "out2", tmp_path / "c")
     assert made["A"].cache_root == plain["A"].cache_root == tmp_path / "c" / "vllm-cache-A"
     assert made["B"].cache_root != plain["B"].cache_root and made["B"].cache_root.name.startswith("vllm-cache-B-")
+
+
+def test_the_rule_takes_at_most_max_looks_looks():
+    """Each look is at the per-look level that keeps an A/A pair's false-alarm rate at the overall level only for
+    MAX_LOOKS looks: blocks that never agree, with budget for hundreds more, stop after exactly that many looks."""
+    now = [0.0]
+
+    def run_one(i):
+        now[0] += 60.0
+        rng = random.Random(i)
+        b_over_a = 1.3 if i % 2 else 1 / 1.3  # blocks that disagree: every interval stays wide
+        calls = [
+            {
+                "side": s,
+                "round": r,
+                "latency_s": (b_over_a if s == "B" else 1.0) * (1 + rng.uniform(-0.01, 0.01)),
+                "probe_s": 1.0,
+                "t_s": r,
+            }  # fmt: skip
+            for r in range(16)
+            for s in SIDES
+        ]
+        return Block(i, calls=calls, wall_s=60.0)
+
+    res = stopping.measure(
+        run_one, budget_s=60.0 * 500, level=0.99, min_effect=0.05, floor=0.02, first_blocks=3,
+        out=lambda _l: None, clock=lambda: now[0],
+    )  # fmt: skip
+    assert res.decision is None or res.decision.word == stats.UNDECIDED
+    assert (
+        res.looks == stopping.MAX_LOOKS
+        and "looks taken" in res.reason
+        and len(res.blocks) == 3 * 2 ** (stopping.MAX_LOOKS - 1)
+    )
