@@ -132,7 +132,7 @@ class Log:
         return None
 
     def add(self, a: str, b: str, res: dict) -> None:
-        keep = {k: res.get(k) for k in ("verdict", "text", "ratio", "lo", "hi", "blocks", "starts", "minutes")}
+        keep = {"verdict": res.get("verdict"), **_figures(res)}
         keep["sides"] = {"B": {"gate": (res.get("sides") or {}).get("B", {}).get("gate")}}
         walklog.append(self.path, {"key": self.key, "a": a, "b": b, "result": keep, "at": time.time()})
 

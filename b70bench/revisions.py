@@ -438,9 +438,10 @@ def run(args) -> int:
         stack_hash = stack.hash()
     settings = side_settings.from_args(args)
     inputs = {"asv_args": asv_args, "stack": stack_hash}
-    if side_settings.to_env(settings):
-        os.environ[side_settings.ENV_VAR] = side_settings.to_env(settings)
-        inputs["settings"] = side_settings.to_env(settings)
+    settings_text = side_settings.to_env(settings)
+    if settings_text:
+        os.environ[side_settings.ENV_VAR] = settings_text  # the asv adapters read it in asv's processes
+        inputs["settings"] = settings_text
     machine = args.machine or platform.node()
     results = state.asv_results_dir(walker.repo)
     record = Record(walklog.path(results, machine), inputs)
