@@ -35,7 +35,7 @@ from b70bench.stack import model as decode_model
 from .common import (
     against_base,
     budget_s_from_env,
-    lost_if_none,
+    lost_if_failed,
     paired_walk,
     placement_code,
     samples,
@@ -106,7 +106,7 @@ def _paired_summary(shape: str, dev, stack) -> dict:
         cache_dir=sides.paired_cache_dir(),
         stack=stack,
     )
-    lost_if_none(res, f"decode {shape}")
+    lost_if_failed(res, f"decode {shape}")
     b = res["sides"]["B"]
     per_block = res["block_s_per_output_token"]["B"]
     first = next(iter(res["block_records"]), {})

@@ -30,7 +30,7 @@ from b70bench.stack import model as decode_model
 from .common import (
     against_base,
     budget_s_from_env,
-    lost_if_none,
+    lost_if_failed,
     paired_walk,
     placement_code,
     samples,
@@ -89,7 +89,7 @@ def _paired_level(concurrency: int, backend: str, stack) -> dict:
         backend=backend,
         stack=stack,
     )
-    lost_if_none(res, f"serve c={concurrency}")
+    lost_if_failed(res, f"serve c={concurrency}")
     withheld = res["sides"]["B"]["gate"] == 1
     also = {} if withheld else res.get("also") or {}
     return {

@@ -100,10 +100,11 @@ def setup_timeout_s(budget_s, measurements: int, starts) -> float:
     return max(3600.0, measurements * each + 600)
 
 
-def lost_if_none(res: dict, what: str) -> None:
-    """A paired measurement with no completed block is lost, not measured: its cause goes to the walk's record
+def lost_if_failed(res: dict, what: str) -> None:
+    """A paired measurement ended by a failure (no block completed, a counted start or call lost: an engine killed,
+    out of memory, a start timed out) is lost, not measured: its cause goes to the walk's record
     (walklog.report_failure) and asv records the benchmark as failed, so a resumed walk measures it again."""
-    if res.get("blocks"):
+    if res.get("blocks") and not res.get("lost"):
         return
     from b70bench import walklog
 

@@ -484,3 +484,30 @@ def test_the_rule_takes_at_most_max_looks_looks():
         and "looks taken" in res.reason
         and len(res.blocks) == 3 * 2 ** (stopping.MAX_LOOKS - 1)
     )
+
+
+def test_a_lost_counted_block_ends_the_measurement_and_a_lost_warm_start_does_not():
+    """A counted start killed (block 3 of a decidable pair) ends the measurement as lost, with that block's cause;
+    a failed uncounted warm start loses nothing counted, so the next block warms and the verdict comes."""
+    ran = []
+
+    def run(fail_at: int, warm: bool):
+        def run_one(i):
+            ran.append(i)
+            b = stopping.Block(i, placement=placement.ALTERNATE)
+            if i == fail_at:
+                b.error, b.warm_failed = "side B: Worker proc VllmWorker-1 died unexpectedly (exit code: -9)", warm
+                return b
+            for r in range(8):
+                b.calls += [{"side": "A", "round": r, "latency_s": 1.0 + 0.01 * (r % 3), "probe_s": 1.0}]
+                b.calls += [{"side": "B", "round": r, "latency_s": 1.3 + 0.01 * (r % 3), "probe_s": 1.0}]
+            return b
+
+        return stopping.measure(run_one, budget_s=1e6, level=0.99, min_effect=0.05, floor=0.01, out=lambda _l: None)
+
+    lost = run(2, warm=False)
+    assert lost.lost and lost.decision is None and ran == [0, 1, 2], (lost.reason, ran)
+    assert lost.reason == "block 3 failed: side B: Worker proc VllmWorker-1 died unexpectedly (exit code: -9)"
+    ran.clear()
+    warmed = run(0, warm=True)
+    assert not warmed.lost and warmed.decision.word == stats.SLOWER and len(warmed.blocks) > 1, warmed.text()

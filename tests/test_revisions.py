@@ -263,7 +263,7 @@ def test_a_lost_measurement_is_recorded_with_its_cause_shown_and_measured_again(
 
     def fake_asv(cmd, env):
         commit = cmd[cmd.index("--set-commit-hash") + 1]
-        if commit == killed:  # what benchmarks/common.lost_if_none does in asv's benchmark process
+        if commit == killed:  # what benchmarks/common.lost_if_failed does in asv's benchmark process
             walklog.report_failure("decode p128n128b1", "every block failed; the last: side B: worker died (-9)", env)
             return 2
         return 0

@@ -70,6 +70,7 @@ class Block:
     placement: str = "together"
     warm_starts: dict = field(default_factory=dict)  # alternate: side -> the uncounted start that filled its cache
     warm_s: float = 0.0  # of wall_s, the seconds the uncounted starts took
+    warm_failed: bool = False  # the error came in an uncounted start: the next block warms, nothing counted is lost
 
     def ratios(self, normalise: bool = False, key: str = "latency_s") -> list[float]:
         """B/A of each complete round (of the calls' `key` figure: seconds per call, or another figure they carry,
@@ -119,6 +120,7 @@ class Block:
             "wall_s": self.wall_s,
             "warm_s": self.warm_s,
             "error": self.error,
+            "warm_failed": self.warm_failed,
             "ratio": self.ratio(),
             "ratio_normalised": self.ratio(True),
             "starts": self.starts,

@@ -80,11 +80,13 @@ def run_block(index: int, target, placement: str, *, rounds: int, warmup_calls: 
                     block.calls.append(_timed(handles[s], s, r, tb))
         elif placement == ALTERNATE:
             if warm_first:
+                block.warm_failed = True  # until both warm starts are done
                 for s in order:
                     handles[s] = target.start(s, f"warm-{s}")
                     block.warm_starts[s] = handles[s].ready()
                     handles[s].warm()
                     _stop(block, s, handles.pop(s))
+                block.warm_failed = False
                 block.warm_s = time.monotonic() - t0
             for s in order:
                 handles[s] = target.start(s, f"block{index:02d}-{s}")

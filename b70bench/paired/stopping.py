@@ -112,6 +112,7 @@ class Paired:
     looks: int
     wall_s: float
     reason: str | None = None  # why it stopped undecided (budget spent, a side failed, ...)
+    lost: bool = False  # ended by a failure, not by its budget or a decision: `reason` is the cause
 
     @property
     def good(self) -> list[Block]:
@@ -191,9 +192,16 @@ def measure(
                 + (f"B/A {b.ratio():.3f} over {len(b.ratios())} rounds" if b.error is None else f"failed: {b.error}")
                 + f" ({b.wall_s:.0f} s, {(clock() - t0) / 60:.1f} of {budget_s / 60:.1f} min)"
             )
+            if b.error is not None and not b.warm_failed:
+                # A counted start or call lost (an engine killed, out of memory, a start timeout): the figures
+                # would rest on whatever blocks happened to survive, so the measurement ends here with the cause;
+                # a walk records it as failed and measures the commit again when it resumes. A failed uncounted
+                # start loses nothing counted: the next block warms.
+                reason = f"block {b.index + 1} failed: {b.error}"
+                return Paired(blocks, None, None, per_look, looks, clock() - t0, reason, lost=True)
             if b.error is not None and not ok and len(blocks) >= 2:
                 reason = f"every block failed; the last: {b.error}"
-                return Paired(blocks, None, None, per_look, looks, clock() - t0, reason)
+                return Paired(blocks, None, None, per_look, looks, clock() - t0, reason, lost=True)
             spent = clock() - t0
             # The blocks of the first look are the fewest a verdict is read from, so each starts whenever the budget
             # is not yet spent (the budget then runs over by one block at most), never cut short by a prediction:
@@ -224,9 +232,10 @@ def measure(
             )
             break
         target = min(cap, len(blocks) + min(len(blocks), room))
+    lost = ratio is None and not [b for b in blocks if b.error is None]
     if ratio is None and reason is None:
         reason = "fewer than two blocks completed"
-    return Paired(blocks, ratio, decision, per_look, looks, clock() - t0, reason)
+    return Paired(blocks, ratio, decision, per_look, looks, clock() - t0, reason, lost=lost)
 
 
 def measure_target(

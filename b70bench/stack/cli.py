@@ -40,16 +40,36 @@ def show(args) -> int:
     return 0
 
 
+def model_config(settings: list[str]) -> dict:
+    """The embedded config with `KEY=VALUE` settings over it (integers: layers, widths, experts). A larger model is
+    how a CPU machine gets a rig's cost of a start (weights to draw, load and compile), with the same code path."""
+    cfg = modelmod.embedded_config()
+    for item in settings:
+        key, sep, value = item.partition("=")
+        if not sep or key not in cfg or not isinstance(cfg[key], int) or isinstance(cfg[key], bool):
+            sizes = ", ".join(k for k, v in cfg.items() if isinstance(v, int) and not isinstance(v, bool))
+            raise UsageError(f"--set {item}: give KEY=INTEGER with KEY one of the config's sizes ({sizes})")
+        try:
+            cfg[key] = int(value)
+        except ValueError:
+            raise UsageError(f"--set {item}: {value!r} is not an integer; e.g. --set num_hidden_layers=16") from None
+        if cfg[key] < 1:
+            raise UsageError(f"--set {item}: sizes are positive; e.g. --set num_hidden_layers=16")
+    return cfg
+
+
 def write_model(args) -> int:
     dest = Path(args.dir).expanduser()
     if dest.exists() and any(dest.iterdir()):
         raise UsageError(f"{dest} exists and is not empty: name a new directory")
-    src = modelmod.ensure_embedded()
-    tok = tokmod.ensure(src, modelmod.embedded_config())
+    cfg = model_config(args.set or [])
+    src = modelmod.ensure_embedded(config=cfg)
+    tok = tokmod.ensure(src, cfg)
     dest.mkdir(parents=True, exist_ok=True)
     for f in (*src.iterdir(), *tok.iterdir()):
         shutil.copy2(f, dest / f.name)
-    print(f"wrote the embedded model ({modelmod.model_id()}) with its tokenizer to {dest}")
+    what = "the embedded model" if cfg == modelmod.embedded_config() else "a larger embedded model"
+    print(f"wrote {what} ({modelmod.model_id(cfg)}) with its tokenizer to {dest}")
     return 0
 
 
@@ -65,4 +85,11 @@ def register(sub) -> None:
     s.set_defaults(func=show)
     w = ssub.add_parser("write-model", help="write the embedded tiny MiniMax-M2 (and its tokenizer) to a directory")
     w.add_argument("dir", help="a new directory")
+    w.add_argument(
+        "--set",
+        action="append",
+        metavar="KEY=N",
+        help="a size of the config (repeat), e.g. --set num_hidden_layers=16 --set hidden_size=1024: a model whose "
+        "starts cost what a rig's do",
+    )
     w.set_defaults(func=write_model)
