@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from b70bench import patches, side_settings, state, walklog
+from b70bench.decode import pair as decode_pair
 from b70bench.errors import UsageError
 from b70bench.history import commits_in, export_patches, git
 from b70bench.paired import placement as placements
@@ -335,8 +336,8 @@ def plan_lines(
 ) -> list[str]:
     """What the walk will do, before it does anything: per commit its trees to build and whether it is finished."""
     lines = [header]
-    counts = {"to build": 0, "cached": 0, "failed before": 0}
-    to_measure = 0
+    counts = {"to build": 0, "cached": 0, "failed before": 0, "built by an earlier commit": 0}
+    to_measure, keys = 0, set()
     with tempfile.TemporaryDirectory(prefix="b70bench-plan-") as tmp:
         for commit in commits:
             subject = git(walker.repo, "log", "-1", "--format=%s", commit)[:48]
@@ -352,7 +353,7 @@ def plan_lines(
             states = []
             for tree, (command, group) in patches.trees.by_tree(ps.patches).items():
                 try:
-                    state = patches.trees.planned(tree, group, command, builds)
+                    state = patches.trees.planned(tree, group, command, builds, keys)
                 except UsageError as err:
                     state = f"unusable ({err})"
                 counts[state] = counts.get(state, 0) + 1
@@ -361,6 +362,7 @@ def plan_lines(
             lines.append(f"  {commit[:10]}  {subject:48}  {'; '.join(states) or 'no source trees'}")
     lines.append(
         f"builds: {counts['to build']} to build, {counts['cached']} cached, {counts['failed before']} failed before"
+        + (f", {counts['built by an earlier commit']} shared" if counts["built by an earlier commit"] else "")
     )
     lines += cost_lines(asv_args, stack, to_measure)
     return lines
@@ -389,8 +391,15 @@ def cost_lines(asv_args: list[str], stack: description.Stack, commits: int) -> l
     lines, minutes = [f"placement: {where} ({why})"], 0.0
     if selected(asv_args, PAIRED_SUITES["decode"]):
         shapes_ = shapes.walk_shapes(os.environ.get("B70BENCH_DECODE_SHAPES"), stack.shapes, backend)
-        each = stopping.budget_min_from_env("B70BENCH_DECODE_BUDGET_MIN", stopping.DEFAULT_BUDGET_MIN)
-        lines.append(f"decode: {' '.join(shapes_)}, {each:g} min each (B70BENCH_DECODE_BUDGET_MIN)")
+        each, source = decode_pair.walk_budget_min(stack, backend)
+        rounds, rounds_source = decode_pair.walk_rounds(stack, backend)
+        lines.append(
+            f"decode: {' '.join(shapes_)}, {each:g} min each ({source}); {rounds} timed calls a start ({rounds_source})"
+        )
+        if source != decode_pair.BUDGET_ENV and not (stack.start_s and stack.call_s is not None):
+            lines.append(
+                "  what a start costs is unknown here: state the stack's start_s and call_s (docs/stacks.md, Budgets)"
+            )
         minutes += each * len(shapes_)
     if selected(asv_args, PAIRED_SUITES["serve"]):
         text = os.environ.get("B70BENCH_SERVE_CONCURRENCY")

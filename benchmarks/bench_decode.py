@@ -28,13 +28,12 @@ from b70bench.decode import pair
 from b70bench.decode import suite as decode_suite
 from b70bench.errors import UsageError
 from b70bench.fingerprint import fingerprint
-from b70bench.paired import placement, sides, stopping
+from b70bench.paired import sides, stopping
 from b70bench.stack import description, shapes
 from b70bench.stack import model as decode_model
 
 from .common import (
     against_base,
-    budget_s_from_env,
     lost_if_failed,
     paired_walk,
     placement_code,
@@ -74,19 +73,18 @@ def _paired(dev) -> bool:
 
 
 def _budget_s(stack=None, backend: str = "cpu") -> float:
-    """B70BENCH_DECODE_BUDGET_MIN, else a budget sized from the stack's stated start and call cost (a rig's walk
-    decides with no variable set by hand), else paired.stopping.DEFAULT_BUDGET_MIN."""
-    first_look = None
-    if stack is not None and stack.start_s and stack.call_s is not None:
-        where, _why = placement.choose(placement.AUTO, backend, stack)
-        calls = _rounds() + pair.DEFAULT_WARMUP_CALLS
-        first_look = stopping.first_look_s(stack.start_s, stack.call_s, calls, stopping.WALK_FIRST_BLOCKS, where)
-    default = stopping.default_budget_min(first_look)
-    return budget_s_from_env("B70BENCH_DECODE_BUDGET_MIN", default, stopping.MIN_BUDGET_MIN)
+    """The walk's budget for one shape (decode.pair.walk_budget_min: the variable, else the stack's costs)."""
+    try:
+        return pair.walk_budget_min(stack or description.from_env(), backend)[0] * 60
+    except UsageError as err:
+        raise NotImplementedError(str(err)) from None
 
 
-def _rounds() -> int:
-    return whole_from_env("B70BENCH_DECODE_ROUNDS", pair.DEFAULT_ROUNDS, 4, "paired rounds")
+def _rounds(stack=None, backend: str = "cpu") -> int:
+    try:
+        return pair.walk_rounds(stack or description.from_env(), backend)[0]
+    except UsageError as err:
+        raise NotImplementedError(str(err)) from None
 
 
 def _paired_summary(shape: str, dev, stack) -> dict:
@@ -100,7 +98,7 @@ def _paired_summary(shape: str, dev, stack) -> dict:
         shape=shape,
         budget_s=_budget_s(stack, dev.backend),
         backend=dev.backend,
-        rounds=_rounds(),
+        rounds=_rounds(stack, dev.backend),
         level=stopping.WALK_LEVEL,
         first_blocks=stopping.WALK_FIRST_BLOCKS,
         cache_dir=sides.paired_cache_dir(),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import subprocess
@@ -16,6 +17,7 @@ import fakedist  # noqa: E402
 from gitrepo import git  # noqa: E402
 
 from b70bench import patches, revisions, walklog  # noqa: E402
+from b70bench.decode import pair  # noqa: E402
 from b70bench.errors import UsageError  # noqa: E402
 from b70bench.stack import description  # noqa: E402
 
@@ -312,10 +314,11 @@ def test_plan_names_each_commits_builds_and_runs_nothing(tree_history, tmp_path)
     assert patches.read_journal(walker.env) is None
     # The CPU default here: together, decode's one shape at the walk's budget, serve's levels, the total at most.
     assert lines[4].startswith("placement: together (auto: two processes of"), lines
-    assert lines[5] == "decode: p128n128b1, 10 min each (B70BENCH_DECODE_BUDGET_MIN)", lines
-    assert lines[6] == "serve: 1 4 16 requests, 10 min a level (B70BENCH_SERVE_BUDGET_MIN)", lines
-    assert lines[7] == "starts: 6 at least a decided measurement (3 blocks of 2)", lines
-    assert lines[8].startswith("time: at most ~40 min a commit") and "~1.3 h for 2 commits to measure" in lines[8]
+    assert lines[5] == "decode: p128n128b1, 10 min each (the default); 96 timed calls a start (the default)", lines
+    assert lines[6].startswith("  what a start costs is unknown here: state the stack's start_s and call_s"), lines
+    assert lines[7] == "serve: 1 4 16 requests, 10 min a level (B70BENCH_SERVE_BUDGET_MIN)", lines
+    assert lines[8] == "starts: 6 at least a decided measurement (3 blocks of 2)", lines
+    assert lines[9].startswith("time: at most ~40 min a commit") and "~1.3 h for 2 commits to measure" in lines[9]
     # A flag swept over the same commits: the plan says each commit is measured against itself, with what differs.
     done = subprocess.run(
         [*cmd, "--b-env", "VLLM_FLAG=1"], capture_output=True, text=True, timeout=120, cwd=ROOT, env=env
@@ -339,11 +342,21 @@ def test_plan_cost_follows_the_stack_the_budgets_and_the_selected_suites(tmp_pat
     assert lines[0].startswith("placement: alternate (auto: memory shares 0.9 + 0.9"), lines
     # Alternate: one uncounted start a side, then six blocks of two counted starts before the first look.
     assert lines[1:] == [
-        "decode: p512n512b1 p512n1536b1 p512n2048b1, 70 min each (B70BENCH_DECODE_BUDGET_MIN)",
+        "decode: p512n512b1 p512n1536b1 p512n2048b1, 70 min each (B70BENCH_DECODE_BUDGET_MIN); 96 timed calls a "
+        "start (the default)",
         "starts: 14 at least a decided measurement (2 fill the compile caches, then 6 blocks of 2)",
         "time: at most ~210 min a commit (+ the block under way when a budget runs out, builds, isolated suites); "
         "~35.0 h for 10 commits to measure",
     ], lines
+    # A stack that states what a start and a call cost: calls for half a start, the first look and one doubling.
+    monkeypatch.delenv("B70BENCH_DECODE_BUDGET_MIN")
+    rig.write_text(rig.read_text() + 'shapes = ["p512n256"]\nstart_s = 240\ncall_s = 3\n')
+    lines = revisions.cost_lines(["--bench", "Decode"], description.load(rig), 10)
+    first_look = 2 * (240 + (40 + pair.DEFAULT_WARMUP_CALLS) * 3) * 7 / 60  # 7: one warm start a side + 6 blocks
+    assert lines[1] == (
+        f"decode: p512n256, {math.ceil(2 * first_look)} min each (the first look and one doubling at the stack's "
+        "start 240 s and call 3 s); 40 timed calls a start (calls for half the stack's start_s)"
+    ), lines
     assert revisions.cost_lines(["-b", "Serve"], stack, 1)[1].startswith("serve: 1 4 16 requests")
     assert "none selected" in revisions.cost_lines(["--bench", "AllReduce"], stack, 1)[0]
     # A budget that is not a number of minutes is the user's to fix, in one line (the CLI exits 2 on UsageError).

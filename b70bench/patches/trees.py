@@ -370,15 +370,25 @@ def build(
     return done
 
 
-def planned(tree: str, tree_patches: list[Patch], command: str | None, cache: Path | None = None) -> str:
-    """What build() would do, without doing it: "cached", "failed before" or "to build" (for a walk's plan)."""
+def planned(
+    tree: str, tree_patches: list[Patch], command: str | None, cache: Path | None = None, earlier: set | None = None
+) -> str:
+    """What build() would do, without doing it: "cached", "failed before", "to build", or, where `earlier` (the
+    keys an earlier commit of the same plan builds; this one's is added) holds its key, "built by an earlier
+    commit" (a walk's plan: commits whose compiled input is the same share one build)."""
     cache = Path(cache) if cache else cache_dir()
     root = Path(tree)
     head = tree_head(root)
     key = build_key(head, split(root, patched_files(root, head, tree_patches))[0], command)
     if (cache / key / DONE).exists():
         return "cached"
-    return "failed before" if failed_record(cache, key) is not None else "to build"
+    if failed_record(cache, key) is not None:
+        return "failed before"
+    if earlier is not None:
+        if key in earlier:
+            return "built by an earlier commit"
+        earlier.add(key)
+    return "to build"
 
 
 def by_tree(ps_patches: list[Patch]) -> dict[str, tuple[str | None, list[Patch]]]:
