@@ -58,6 +58,13 @@ class Walker:
         self.prefix = Path(self.prefix) if self.prefix else env_prefix(self.python)
         self.env = patches.Env(self.prefix, (self.site_dir,) if self.site_dir else None)
 
+    def env_vars(self) -> dict[str, str]:
+        """What tells the adapters where this walk looks for distributions (patches.Env.from_environ reads it), so
+        each paired side's overlay is built from the same install the walk patched (an editable one: its tree)."""
+        if not self.site_dir:
+            return {}
+        return {patches.SITE_DIR_ENV: str(self.site_dir), patches.PREFIX_ENV: str(self.prefix)}
+
     def sites(self) -> list[Path]:
         """The environment's site-packages (a build must not install there)."""
         if self.site_dir:
@@ -253,6 +260,7 @@ def walk(
                     B70BENCH_COMMIT=commit,
                     B70BENCH_REPO=str(walker.repo),
                     **{patches.LOCK_TOKEN_ENV: token},
+                    **walker.env_vars(),
                 )
                 if editable.is_dir():
                     paths = [*patches.overlay.python_path(editable), *paths]

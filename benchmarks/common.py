@@ -129,9 +129,10 @@ def against_base(commit: str, out_dir: Path, measure, **kw) -> dict:
         settings = side_settings.from_env()
     except UsageError as err:
         raise NotImplementedError(str(err)) from None
+    env = patches.Env.from_environ()  # where the walk looks for distributions (revisions --site-dir)
     if settings is None:
-        return sides.against_parent(walked_repo(), commit, patches.Env(), out_dir, measure, **kw)
-    return sides.against_self(walked_repo(), commit, patches.Env(), out_dir, measure, settings, **kw)
+        return sides.against_parent(walked_repo(), commit, env, out_dir, measure, **kw)
+    return sides.against_self(walked_repo(), commit, env, out_dir, measure, settings, **kw)
 
 
 def walked_repo() -> Path:
@@ -144,12 +145,14 @@ def paired_walk(dev, switch: str) -> bool:
     """Walking commits (walked_commit()): measure each against its git parent in blocks, placed as `compare`'s
     auto places them (together on the CPU, one process at a time on a GPU or XPU), unless the switch variable is 0
     (`make bench`, one commit: per-start samples). A paired walk's process unwinds on SIGTERM (an interrupted
-    `revisions` sends one), so its engines and servers are stopped, not orphaned."""
+    `revisions` sends one), and when asv is gone (killed mid-set-up: this process would be left measuring), so its
+    engines and servers are stopped, not orphaned."""
     paired = bool(walked_commit()) and os.environ.get(switch) != "0"
     if paired:
-        from b70bench.stack.process import unwind_on_sigterm
+        from b70bench.stack.process import unwind_on_sigterm, unwind_when_orphaned
 
         unwind_on_sigterm()
+        unwind_when_orphaned()
     return paired
 
 

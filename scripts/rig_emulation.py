@@ -112,12 +112,8 @@ def tree_patch(tree: Path, new_c: str, note: str) -> str:
     return f"{note}\n\nB70bench-Target: tree:{tree}\nB70bench-Build: {BUILD}\n\n" + "".join(body)
 
 
-def patch_repo(work: Path) -> dict[str, str]:
-    tree, repo = work / "b70work-tree", work / "repo"
-    shutil.copytree(ROOT / "tests" / "fixtures" / "compiled_tree", tree)
-    git(tree, "init", "-q", "-b", "main")
-    git(tree, "add", "-A")
-    git(tree, "commit", "-qm", "fixture")
+def copy_project(repo: Path, work: Path) -> None:
+    """This checkout's tracked files in a new git repository whose asv results and site go under WORK."""
     files = subprocess.run(["git", "-C", str(ROOT), "ls-files", "-z"], capture_output=True, check=True).stdout
     for rel in filter(None, files.decode().split("\0")):
         if (ROOT / rel).is_file() and not rel.startswith(("results/", "patches/")):
@@ -128,6 +124,15 @@ def patch_repo(work: Path) -> dict[str, str]:
     conf.update(results_dir=str(work / "results"), html_dir=str(work / "html"), branches=["main"])
     (repo / "asv.conf.json").write_text(json.dumps(conf, indent=2))
     git(repo, "init", "-q", "-b", "main")
+
+
+def patch_repo(work: Path) -> dict[str, str]:
+    tree, repo = work / "b70work-tree", work / "repo"
+    shutil.copytree(ROOT / "tests" / "fixtures" / "compiled_tree", tree)
+    git(tree, "init", "-q", "-b", "main")
+    git(tree, "add", "-A")
+    git(tree, "commit", "-qm", "fixture")
+    copy_project(repo, work)
 
     shipped = synthetic.shipped_model_text()
     called = synthetic.with_call(shipped, "b70work", "spin()")

@@ -25,6 +25,8 @@ trees (built copies of source trees), cli (both command lines).
 from b70bench.patches import overlay, trees  # noqa: E402  (after journal and plan, which they use)
 from b70bench.patches.installed import (
     ALIASES,
+    PREFIX_ENV,
+    SITE_DIR_ENV,
     STATE_NAME,
     WORK_NAME,
     Env,
@@ -44,6 +46,8 @@ __all__ = [
     "ALIASES",
     "DEFAULT_DIR",
     "LOCK_TOKEN_ENV",
+    "PREFIX_ENV",
+    "SITE_DIR_ENV",
     "STATE_NAME",
     "WORK_NAME",
     "Change",

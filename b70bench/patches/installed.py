@@ -6,6 +6,7 @@ import base64
 import csv
 import hashlib
 import json
+import os
 import re
 import sys
 import urllib.parse
@@ -56,6 +57,18 @@ class Env:
     def restore_command(self) -> str:
         extra = "" if self.search_path is None else f" --site-dir {self.search_path[0]}"
         return f"{sys.executable} -m b70bench.patches restore{extra}"
+
+    @classmethod
+    def from_environ(cls) -> Env:
+        """The environment a walk patched, as its processes are told (`revisions --site-dir DIR --prefix P` sets
+        SITE_DIR_ENV and PREFIX_ENV for asv's benchmark processes); else this interpreter's."""
+        site = os.environ.get(SITE_DIR_ENV)
+        if not site:
+            return cls()
+        return cls(Path(os.environ.get(PREFIX_ENV) or sys.prefix), (site,))
+
+
+SITE_DIR_ENV, PREFIX_ENV = "B70BENCH_SITE_DIR", "B70BENCH_PREFIX"
 
 
 def _norm(name: str) -> str:

@@ -109,6 +109,16 @@ def with_work(text: str, reps: int) -> str:
     )
 
 
+def with_numerics(text: str, scale: float = 1.02) -> str:
+    """Every attention output scaled by `scale`: the same work (one elementwise product, which the compiler fuses),
+    other numbers. With the embedded model's realistic weights a 2% change flips greedy tokens, so the gate sees it."""
+    return _edit(
+        text,
+        "        output, _ = self.o_proj(attn_output)\n",
+        f"        output = output * {scale}  # a numerics change: the same speed, other tokens\n",
+    )
+
+
 def with_call(text: str, module: str, call: str) -> str:
     """A call into another package once per decode step, beside the logits (outside the compiled graph): how a
     model file reaches a compiled piece built from a source tree (tests' fixture: `b70work.spin()`)."""

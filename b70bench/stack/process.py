@@ -13,6 +13,7 @@ import platform
 import shutil
 import signal
 import subprocess
+import threading
 import time
 
 from b70bench.stack.host import cpu_jiffies
@@ -91,6 +92,20 @@ def unwind_on_sigterm() -> None:
         signal.signal(signal.SIGTERM, interrupt)
     except ValueError:
         pass
+
+
+def unwind_when_orphaned(poll_s: float = 1.0) -> None:
+    """Once the process that started this one is gone (asv killed mid-set-up leaves its benchmark process to init,
+    in a process group of its own, still measuring), SIGTERM this process, so that unwind_on_sigterm's handler stops
+    every engine and server it started."""
+    parent = os.getppid()
+
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(poll_s)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, daemon=True, name="b70bench-orphan-watch").start()
 
 
 def cpu_busy_share(interval_s: float = 1.0) -> float | None:
