@@ -290,6 +290,8 @@ def walk(work: Path, name: str, kill: bool) -> dict:
         commit = setup_facts["commits"][os.environ.get("KILL_COMMIT", "noop")]
         t = threading.Thread(target=killer, args=(work, commit, env_int("KILL_START", 3), log, stop, said))
         t.start()
+    # asv runs the adapters from the walked repository's folder: this checkout's, whatever the repository's copy was.
+    shutil.copytree(ROOT / "benchmarks", work / "repo" / "benchmarks", dirs_exist_ok=True)
     t0 = time.monotonic()
     done = b70(work, name, *walk_args(work), check=False)
     stop.set()
