@@ -85,8 +85,9 @@ def setup_timeout_s(budget_s, measurements: int, starts) -> float:
     """asv's limit for a setup_cache of `measurements` measurements (shapes, levels), each a paired one within the
     budget `budget_s(stack)` gives (seconds) or `starts()` separate starts: a paired measurement may run over its
     budget by one block (two starts) and adds one uncounted warm start a side, and every start may take the stack's
-    start timeout. asv kills the set-up at this limit (SIGTERM, then SIGKILL a second later), so it must never be
-    what ends one."""
+    start timeout. asv (POSIX) ends a set-up that prints nothing for this many seconds (SIGTERM to its process
+    group, SIGKILL a second later); the adapters say each block as it ends (say()) and this covers the whole set-up
+    besides, so asv never ends one (tests/test_asv_setup_limits.py)."""
     from b70bench.stack import description
 
     try:
@@ -130,9 +131,16 @@ def against_base(commit: str, out_dir: Path, measure, **kw) -> dict:
     except UsageError as err:
         raise NotImplementedError(str(err)) from None
     env = patches.Env.from_environ()  # where the walk looks for distributions (revisions --site-dir)
+    kw.setdefault("out", say)
     if settings is None:
         return sides.against_parent(walked_repo(), commit, env, out_dir, measure, **kw)
     return sides.against_self(walked_repo(), commit, env, out_dir, measure, settings, **kw)
+
+
+def say(line: str) -> None:
+    """A paired measurement's progress, flushed as it comes: asv ends a set-up that prints nothing for its
+    `setup_cache.timeout` (POSIX: seconds without output), and a pipe would hold these lines back for hours."""
+    print(line, flush=True)
 
 
 def walked_repo() -> Path:
