@@ -191,9 +191,22 @@ def test_a_walk_of_an_editable_vllm_overlays_each_commit_and_leaves_tree_and_env
         code = "import fakevllm.models.minimax_m2 as m, inspect; print('k + q' in inspect.getsource(m), m.__file__)"
         seen.append(imported([*paths, str(tree)], code, tmp_path).split())
         seen.append((tree / MODEL_REL).read_text() == fakedist.MODEL)
+        # The adapters pair each side on an overlay of their own: built from the same install, so from the tree.
+        code = "from b70bench import patches; e = patches.Env.from_environ(); "
+        code += "print(patches.resolve(patches.Target('dist', 'fakevllm'), e, 'p').root)"
+        seen.append(
+            subprocess.run(
+                [sys.executable, "-c", code],
+                env=dict(env, PYTHONPATH=str(ROOT)),
+                capture_output=True,
+                text=True,
+                cwd=tmp_path,
+            ).stdout.strip()
+        )
         return 0
 
     rows = revisions.walk(walker, revisions.commits_in(repo, "HEAD"), [], run_benchmarks=fake_asv, out=lambda *a: None)
     assert rows[0]["outcome"] == "measured" and rows[0]["restored"], rows
     assert seen[0][0] == "True" and not Path(seen[0][1]).is_relative_to(tree) and seen[1]
+    assert seen[2] == str(tree.resolve()), seen
     assert checksums(tree) == before_tree and checksums(site) == before_site
