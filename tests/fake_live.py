@@ -27,6 +27,10 @@ def main(argv):
         print("RuntimeError: fake engine refused to start: " + spec["fail_start"], flush=True)
         reply({"ok": False, "error": "RuntimeError: " + spec["fail_start"]})
         return 1
+    if spec.get("fail_wrapped"):  # vLLM's engine core: the cause in the log, a wrapper in the exception
+        print("(EngineCore pid=1) ValueError: " + spec["fail_wrapped"], flush=True)
+        reply({"ok": False, "error": "RuntimeError: Engine core initialization failed. See root cause above."})
+        return 1
     if spec.get("oom_once") and not os.path.exists(spec["oom_once"]):  # the first start only, as a full device
         open(spec["oom_once"], "w").close()
         print("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", flush=True)

@@ -140,7 +140,7 @@ def test_a_walk_whose_sides_differ_by_settings_measures_each_commit_against_itse
     monkeypatch.setenv(side_settings.ENV_VAR, side_settings.to_env(wanted))
     res = common.against_base(commit, tmp_path / "out", measure, shape="p16n16")
     assert res["commit"] == res["parent"] == commit and seen["settings"] == wanted
-    assert seen["dirs"] == {"A": "", "B": ""} and seen["kw"] == {"shape": "p16n16"}
+    assert seen["dirs"] == {"A": "", "B": ""} and seen["kw"] == {"shape": "p16n16", "out": common.say}
     monkeypatch.setattr(common, "select_device", lambda *a: SimpleNamespace(backend="cpu"))
     assert common.stack_param().endswith("@cpu (B: VLLM_FLAG=1 against A: -)")
     monkeypatch.delenv(side_settings.ENV_VAR)

@@ -240,11 +240,12 @@ def test_serve_sides_are_paired_servers_and_a_slower_one_is_named(env, tmp_path,
         server_cls=FakeServer,
     )
     assert res["verdict"] == stats.SLOWER and res["ratio"] == pytest.approx(1.1, rel=0.04), res["text"]
-    assert res["blocks"] == 4 and res["levels_per_side"] == 16
+    # Four levels a side a block; a loaded host may leave the first look (four blocks) undecided, then it doubles.
+    assert res["blocks"] in (4, 8) and res["levels_per_side"] == 4 * res["blocks"], res["text"]
     # TPOT and TTFT decided from the same blocks (each token 1.1x later: TPOT 1.1x).
     tpot, ttft = res["also"]["tpot_s"], res["also"]["ttft_s"]
     assert tpot["verdict"] == stats.SLOWER and tpot["ratio"] == pytest.approx(1.1, rel=0.04), tpot
-    assert tpot["blocks"] == ttft["blocks"] == 4 and ttft["ratio"] is not None
+    assert tpot["blocks"] == ttft["blocks"] == res["blocks"] and ttft["ratio"] is not None
     assert any(line.lstrip().startswith("TPOT") for line in compare.format_result(res, {"A": "a", "B": "b"}))
     assert res["sides"]["A"]["token_sha256"] == res["sides"]["B"]["token_sha256"]  # both gated through the API
     for rec in res["block_records"]:

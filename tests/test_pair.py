@@ -142,6 +142,11 @@ def test_a_side_that_fails_to_start_ends_the_block_with_its_reason(sides, tmp_pa
     assert not b.calls
 
 
+def test_a_start_that_fails_names_the_cause_vllm_logged_not_its_wrapper(sides, tmp_path):
+    b = _block(sides, tmp_path, {"fail_wrapped": "No available memory for the cache blocks."})
+    assert b.error and b.error.startswith("side A: ValueError: No available memory for the cache blocks."), b.error
+
+
 def test_an_engine_killed_mid_block_ends_it_and_nothing_is_left(sides, tmp_path):
     b = _block(sides, tmp_path, {"die_at_call": 3, "grandchild": True})
     assert b.error and "exited" in b.error, b.error

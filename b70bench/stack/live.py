@@ -77,7 +77,10 @@ class LiveProcess:
         line, self._buf = self._buf.split(b"\n", 1)
         msg = json.loads(line)
         if msg.get("ok") is False:
-            raise EngineError(f"side {self.side}: {msg.get('error')} (log: {self.log_path})")
+            error = msg.get("error") or ""
+            if not error or logs.is_wrapper(error):  # "Engine core initialization failed. See root cause above"
+                error = self.reason() or error
+            raise EngineError(f"side {self.side}: {error} (log: {self.log_path})")
         return msg
 
     def reason(self) -> str | None:

@@ -47,6 +47,11 @@ _WRAPPERS = (
 _DIED = re.compile(r"((?:Worker proc|RayWorkerProc)\b.*? died unexpectedly(?: \(exit code: -?\d+\))?)")
 
 
+def is_wrapper(error: str) -> bool:
+    """Whether an exception line only wraps a cause vLLM logged above it (failure_reason finds that cause)."""
+    return any(w in error for w in _WRAPPERS)
+
+
 def strip_prefix(line: str) -> str:
     return _PREFIX.sub("", line.rstrip("\n"), count=1)
 
@@ -171,6 +176,6 @@ def failure_reason(text: str, limit: int = 400) -> str | None:
         found.append(f"{m.group(1)}: {msg}" if msg else m.group(1))
     if not found:
         return None
-    roots = [f for f in found if not any(w in f for w in _WRAPPERS)]
+    roots = [f for f in found if not is_wrapper(f)]
     reason = (roots or found)[-1]
     return reason if len(reason) <= limit else reason[: limit - 3] + "..."
