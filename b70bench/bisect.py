@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from b70bench import compare, history, state, stats, walklog
+from b70bench import history, pairing, state, stats, walklog
 from b70bench.errors import UsageError
 from b70bench.paired import stopping
 from b70bench.stack import model as decode_model
@@ -144,7 +144,7 @@ def plan_lines(args, pre, revs: list[str]) -> list[str]:
     most = most_verdicts(n)
     return [
         f"plan: b70bench bisect {revs[0][:10]} {revs[-1][:10]}: {n} commits, {pre.stack.describe()}",
-        f"  placement: {pre.where} ({pre.why}); each verdict is compare's: budget {compare.budget_text(args)}, "
+        f"  placement: {pre.where} ({pre.why}); each verdict is compare's: budget {pairing.budget_text(args)}, "
         f"{least} counted starts at least",
         f"  bisect: 1 verdict at least (no change in the range), {most} at most; {least} to {least * most}+ starts, "
         f"at most ~{most * args.budget:g} min",
@@ -165,7 +165,7 @@ def run(args) -> int:
             raise UsageError(f"{name} {rev!r} is not a commit of {repo}: name one (`git log --oneline`)") from None
     commits = history.commits_in(repo, f"{ends[0]}..{ends[1]}")
     revs = [ends[0], *commits]
-    pre = compare.prepare(args)
+    pre = pairing.prepare(args)
     if args.plan:
         print("\n".join(plan_lines(args, pre, revs)))
         return 0
@@ -192,14 +192,14 @@ def run(args) -> int:
         if known is not None:
             print(f"  (measured before: {b[:10]} against {a[:10]})", flush=True)
             return known
-        res, _labels = compare.measure(args, pre, a, b, out_dir / f"{a[:10]}-{b[:10]}", say=False)
+        res, _labels = pairing.measure(args, pre, a, b, out_dir / f"{a[:10]}-{b[:10]}", say=False)
         if res.get("blocks"):
             log.add(a, b, res)
         return res
 
     print(
         f"b70bench bisect {revs[0][:10]}..{revs[-1][:10]} ({len(commits)} commits): {pre.stack.describe()}; "
-        f"placement {pre.where}; budget {compare.budget_text(args)} a verdict; verdicts logged in {log.path}",
+        f"placement {pre.where}; budget {pairing.budget_text(args)} a verdict; verdicts logged in {log.path}",
         flush=True,
     )
     res = search(revs, measure, out=lambda line: print(line, flush=True))
@@ -229,5 +229,5 @@ def register(sub) -> None:
     )
     p.add_argument("good", help="the commit before the change (excluded from the range)")
     p.add_argument("bad", help="the commit with it")
-    compare.add_measure_options(p, ("decode", "serve"))
+    pairing.add_measure_options(p, ("decode", "serve"))
     p.set_defaults(func=run)

@@ -33,20 +33,6 @@ from b70bench.stack import description, process, shapes
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def env_prefix(python: str) -> Path:
-    try:
-        out = subprocess.run(
-            [python, "-c", "import sys; print(sys.prefix)"], capture_output=True, text=True, timeout=60
-        )
-    except OSError as err:
-        raise UsageError(
-            f"cannot run {python}: {err}: pass --python PATH to the interpreter of the environment"
-        ) from None
-    if out.returncode != 0:
-        raise UsageError(f"{python} does not start: {out.stderr.strip()[-300:]}")
-    return Path(out.stdout.strip())
-
-
 @dataclass
 class Walker:
     python: str
@@ -55,7 +41,7 @@ class Walker:
     prefix: Path | None = None
 
     def __post_init__(self):
-        self.prefix = Path(self.prefix) if self.prefix else env_prefix(self.python)
+        self.prefix = Path(self.prefix) if self.prefix else patches.env_prefix(self.python)
         self.env = patches.Env(self.prefix, (self.site_dir,) if self.site_dir else None)
 
     def env_vars(self) -> dict[str, str]:

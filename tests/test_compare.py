@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import fakedist  # noqa: E402
 from gitrepo import git  # noqa: E402
 
-from b70bench import compare, patches, revisions, stats  # noqa: E402
+from b70bench import pairing, patches, revisions, stats  # noqa: E402
 from b70bench.decode import pair  # noqa: E402
 from b70bench.errors import UsageError  # noqa: E402
 from b70bench.stack import process
@@ -153,7 +153,7 @@ def test_alternate_placement_names_the_slower_series_one_engine_at_a_time(env, t
     assert [c["side"] for c in recs[1]["calls"]][:1] == ["B"] and set(recs[0]["warm_starts"]) == {"A", "B"}
     pids = [x["pid"] for b in recs for x in (*b["starts"].values(), *b["warm_starts"].values())]
     assert not any(process.group_members(p) for p in pids)
-    assert "blocks (alternate: --placement alternate)" in "\n".join(compare.format_result(res, {"A": "a", "B": "b"}))
+    assert "blocks (alternate: --placement alternate)" in "\n".join(pairing.format_result(res, {"A": "a", "B": "b"}))
     assert fakedist.model_path(site).read_text() == fakedist.MODEL
 
 
@@ -246,7 +246,7 @@ def test_serve_sides_are_paired_servers_and_a_slower_one_is_named(env, tmp_path,
     tpot, ttft = res["also"]["tpot_s"], res["also"]["ttft_s"]
     assert tpot["verdict"] == stats.SLOWER and tpot["ratio"] == pytest.approx(1.1, rel=0.04), tpot
     assert tpot["blocks"] == ttft["blocks"] == res["blocks"] and ttft["ratio"] is not None
-    assert any(line.lstrip().startswith("TPOT") for line in compare.format_result(res, {"A": "a", "B": "b"}))
+    assert any(line.lstrip().startswith("TPOT") for line in pairing.format_result(res, {"A": "a", "B": "b"}))
     assert res["sides"]["A"]["token_sha256"] == res["sides"]["B"]["token_sha256"]  # both gated through the API
     for rec in res["block_records"]:
         for side in ("A", "B"):

@@ -400,7 +400,7 @@ def test_b_whose_tokens_differ_from_a_is_withheld_pinned_or_not(tmp_path):
 def test_sides_differ_by_settings_on_one_revision(tmp_path):
     """A flag A/B on one commit: B's own variables and engine arguments reach B's engine only (A's unset removes a
     variable from A alone); `compare` refuses a malformed setting in one line."""
-    from b70bench import compare
+    from b70bench import pairing
     from b70bench.paired.blocks import Settings
     from b70bench.paired.sides import side_env
 
@@ -430,7 +430,7 @@ def test_sides_differ_by_settings_on_one_revision(tmp_path):
         base = dict(a_env=None, b_env=None, a_unset=None, b_unset=None, a_engine_arg=None, b_engine_arg=None)
         return SimpleNamespace(suite="decode", **{**base, **kw})
 
-    got = compare.side_settings(args(b_env=["VLLM_FLAG=1"], a_unset=["VLLM_FLAG"]))
+    got = pairing.side_settings(args(b_env=["VLLM_FLAG=1"], a_unset=["VLLM_FLAG"]))
     assert got["B"].env == {"VLLM_FLAG": "1"} and got["A"].unset == ("VLLM_FLAG",) and not got["A"].env
     for bad, words in (
         (args(b_env=["VLLM_FLAG"]), "--b-env 'VLLM_FLAG': write KEY=VALUE"),
@@ -438,7 +438,7 @@ def test_sides_differ_by_settings_on_one_revision(tmp_path):
         (SimpleNamespace(**{**vars(args(b_env=["X=1"])), "suite": "moe-down"}), "moe-down sides are kernels"),
     ):
         with pytest.raises(UsageError, match=words):
-            compare.side_settings(bad)
+            pairing.side_settings(bad)
 
 
 def test_a_side_with_settings_gets_a_compile_cache_of_its_own(tmp_path):

@@ -8,12 +8,15 @@ import hashlib
 import json
 import os
 import re
+import subprocess
 import sys
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
+
+from b70bench.errors import UsageError
 
 STATE_NAME = "b70bench-patch-state.json"  # == fingerprint.PATCH_STATE_FILE.name (not imported: no torch here)
 WORK_NAME = "b70bench-patches"  # journal, backups and lock, inside the environment
@@ -66,6 +69,21 @@ class Env:
         if not site:
             return cls()
         return cls(Path(os.environ.get(PREFIX_ENV) or sys.prefix), (site,))
+
+
+def env_prefix(python: str) -> Path:
+    """sys.prefix of the interpreter `python` (where a walked environment keeps its patch state)."""
+    try:
+        out = subprocess.run(
+            [python, "-c", "import sys; print(sys.prefix)"], capture_output=True, text=True, timeout=60
+        )
+    except OSError as err:
+        raise UsageError(
+            f"cannot run {python}: {err}: pass --python PATH to the interpreter of the environment"
+        ) from None
+    if out.returncode != 0:
+        raise UsageError(f"{python} does not start: {out.stderr.strip()[-300:]}")
+    return Path(out.stdout.strip())
 
 
 SITE_DIR_ENV, PREFIX_ENV = "B70BENCH_SITE_DIR", "B70BENCH_PREFIX"
