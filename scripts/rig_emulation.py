@@ -272,7 +272,7 @@ def killer(work: Path, commit: str, nth: int, log: Path, stop: threading.Event, 
             continue
         for pid, age, cmd in engines():
             spec = (re.findall(r"\S+\.spec\.json", cmd) or [""])[-1]
-            if "/block" not in spec:  # warm starts are not counted
+            if "/block" not in spec or not spec.startswith(str(work)):  # warm starts are not counted; nor others'
                 continue
             seen.add(spec)
             if len(seen) >= nth and age > 20:

@@ -111,7 +111,7 @@ def test_a_side_that_fails_its_counted_start_fails_the_alternate_block(sides, tm
         gap_s=0.0,
         engine_cls=FakeLive,
     )
-    assert b.error and "side A" in b.error and "exited" in b.error, b.error
+    assert b.error and "side A" in b.error and "killed by SIGKILL" in b.error, b.error
     assert "B" not in b.starts  # B never started once A failed
     assert not process.group_members(b.starts["A"]["pid"])
 
@@ -149,7 +149,7 @@ def test_a_start_that_fails_names_the_cause_vllm_logged_not_its_wrapper(sides, t
 
 def test_an_engine_killed_mid_block_ends_it_and_nothing_is_left(sides, tmp_path):
     b = _block(sides, tmp_path, {"die_at_call": 3, "grandchild": True})
-    assert b.error and "exited" in b.error, b.error
+    assert b.error and "killed by SIGKILL" in b.error, b.error
     pids = [b.starts[s]["pid"] for s in "AB" if s in b.starts]
     assert pids and not any(process.group_members(p) for p in pids)  # engines and their `sleep` children
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import select
+import signal
 import subprocess
 import sys
 import time
@@ -68,9 +69,8 @@ class LiveProcess:
             if ready:
                 chunk = os.read(self._rfd, 65536)
                 if not chunk:
-                    code = self.proc.poll()
                     raise EngineError(
-                        f"side {self.side}: the engine exited (code {code}) before answering: "
+                        f"side {self.side}: the engine {self._exit()} before answering: "
                         f"{self.reason() or 'see ' + str(self.log_path)}"
                     )
                 self._buf += chunk
@@ -82,6 +82,16 @@ class LiveProcess:
                 error = self.reason() or error
             raise EngineError(f"side {self.side}: {error} (log: {self.log_path})")
         return msg
+
+    def _exit(self) -> str:
+        """How the engine's process ended, once it has: its reply pipe closes a moment before it can be reaped."""
+        try:
+            code = self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            return "closed its reply pipe (still running)"
+        if code < 0:
+            return f"was killed by {signal.Signals(-code).name}"
+        return f"exited with code {code}"
 
     def reason(self) -> str | None:
         return logs.failure_reason_in(self.log_path)
