@@ -263,7 +263,10 @@ class Verdicts(OutputPublisher):
                 paired_ses = (ses.get(tuple(combo)) or ses.get((), {})) if paired else {}
                 failed = {c for c, (_s, v) in gate.get(tuple(combo), {}).items() if v == 1}
                 extra = {c: _extra(minutes, calls, tuple(combo), c) for c in {*paired, *mine, *failed}}
-                if any(s for s, _v in paired.values()):
+                # A paired suite's commit whose gate failed has no samples at all (its speed withheld): where no
+                # commit has a figure to decide, the page still says why that one has none.
+                unsampled = not any(len(s or ()) >= 2 for s, _v in mine.values())
+                if any(s for s, _v in paired.values()) or (suite and failed and unsampled):
                     paired = {**{c: (None, None) for c in failed}, **paired}
                     points = [
                         verdicts.Point(

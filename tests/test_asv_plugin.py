@@ -454,6 +454,14 @@ def test_a_commit_whose_gate_failed_says_its_speed_was_withheld(tmp_path, rule):
     assert "speed withheld: the gate failed" in (html / "index.html").read_text()
 
 
+def test_a_walk_whose_only_figures_were_withheld_still_says_why(tmp_path):
+    """A walk of one commit whose tokens differ from its parent's: no figure anywhere, the row says withheld."""
+    html, commits = project(tmp_path, [1.0] * 6, record_samples=False, withheld=4)
+    rows = {v["commit"]: v for v in json.loads((html / "b70bench-verdicts.json").read_text())["verdicts"]}
+    assert rows[commits[4]]["text"] == "undecided: " + verdicts.WITHHELD, rows
+    assert "speed withheld: the gate failed" in (html / "index.html").read_text()
+
+
 def test_each_paired_verdict_says_its_placement(tmp_path):
     """A walk whose blocks ran one process at a time (track_placement 1, alternate) says so in every verdict row of
     the page and of b70bench-verdicts.json, beside its blocks, calls and minutes."""
