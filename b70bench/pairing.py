@@ -58,6 +58,7 @@ def format_result(res: dict, labels: dict) -> list[str]:
         f = res["sides"][s]
         g = {0: "pass", 1: "FAIL", None: "unpinned"}[f["gate"]]
         g += f" ({f['gate_reason']})" if f.get("gate_reason") else ""
+        g += "; tokens vary among its starts" if f.get("varies") else ""
         lines.append(f"side {s} ({labels[s]}): gate {g}; cache keys {' | '.join(f['cache_keys']) or '-'}")
     if any(res["sides"][s]["gate"] is None for s in SIDES) and res.get("suite") != "moe-down":
         lines.append(
@@ -207,7 +208,7 @@ def prepare(args) -> Prepared:
     # The stack's first shape unless one is named: a rig's stack says what its calls cost.
     args.shape = args.shape or (stack.shapes[0] if stack.shapes else pair.DEFAULT_SHAPE)
     shapes.parse_shape(args.shape)
-    settings = side_settings(args)
+    settings = side_settings(args, stack)
     if args.max_starts is not None and args.max_starts < 4:
         raise UsageError(
             f"--max-starts {args.max_starts}: a verdict needs two blocks of two counted starts: pass 4 or more"
@@ -215,7 +216,8 @@ def prepare(args) -> Prepared:
     dev = device.select(args.backend or stack.backend, None)
     backend = dev.backend
     stack.check_devices(backend, dev.count)
-    where, why = placements.choose(args.placement, backend, None if args.suite == "moe-down" else stack)
+    judged = side_flags.placement_stack(stack, settings)
+    where, why = placements.choose(args.placement, backend, None if args.suite == "moe-down" else judged)
     check_budget(args, stack, where)
     return Prepared(python, env, stack, dev, where, why, settings)
 
@@ -264,11 +266,13 @@ def measure(args, pre: Prepared, a: str, b: str, out_dir: Path, say=True) -> tup
     return res, labels
 
 
-def side_settings(args) -> dict[str, Settings]:
+def side_settings(args, stack: description.Stack) -> dict[str, Settings]:
     """Each side's own settings (b70bench.side_settings); moe-down's sides are kernels and take none."""
-    out = side_flags.from_args(args)
+    out = side_flags.from_args(args, stack)
     if args.suite == "moe-down" and any(out.values()):
-        raise UsageError("--a-env, --b-unset, --b-engine-arg and the like set a vLLM side; moe-down sides are kernels")
+        raise UsageError(
+            "--a-env, --b-unset, --b-engine-arg, --b-stack and the like set a vLLM side; moe-down sides are kernels"
+        )
     return out
 
 

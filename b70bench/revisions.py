@@ -439,7 +439,7 @@ def run(args) -> int:
     if args.stack:
         os.environ[description.ENV_VAR] = stack.source  # the asv adapters read it in asv's processes
         stack_hash = stack.hash()
-    settings = side_settings.from_args(args)
+    settings = side_settings.from_args(args, stack)
     inputs = {"asv_args": asv_args, "stack": stack_hash}
     settings_text = side_settings.to_env(settings)
     if settings_text:

@@ -28,7 +28,7 @@ from b70bench.decode import pair  # noqa: E402
 from b70bench.errors import UsageError  # noqa: E402
 from b70bench.paired import placement, stopping  # noqa: E402
 from b70bench.paired.blocks import SIDES, Block, Side  # noqa: E402
-from b70bench.stack import process
+from b70bench.stack import description, process
 
 TESTS = Path(__file__).resolve().parent
 REL = "fakevllm/models/minimax_m2.py"
@@ -397,6 +397,32 @@ def test_b_whose_tokens_differ_from_a_is_withheld_pinned_or_not(tmp_path):
     assert paired_gates(blocks("bb", "bb"), {**key, "quantization": None}, pins)["A"]["gate"] == 1
 
 
+def test_tokens_that_vary_between_starts_are_compared_prompt_by_prompt(tmp_path):
+    """A stack whose greedy tokens turn at a near tie between starts (both sides alike) passes and is reported as
+    varying; a numerics change that moves one prompt in every start of B fails, naming the prompt and the token."""
+    from b70bench.paired.blocks import Block
+    from b70bench.paired.report import paired_gates
+
+    base = [[1, 2, 3, 4], [5, 6, 7, 8], [9, 10, 11, 12]]
+    turned = [base[0], base[1], [9, 10, 99, 98]]  # prompt 3 turns at its third token in some starts
+    moved = [base[0], [5, 6, 7, 0], base[2]]  # prompt 2's last token moved in every start
+
+    def blocks(a_outs, b_outs):
+        return [Block(i, starts={"A": {"token_sha256": f"a{i}", "gate_token_ids": a},
+                                 "B": {"token_sha256": f"b{i}", "gate_token_ids": b}})
+                for i, (a, b) in enumerate(zip(a_outs, b_outs, strict=True))]  # fmt: skip
+
+    key = {"model": "m", "backend": "cpu:x", "vllm": "0", "dtype": "bf16", "tp": 1}
+    vary = paired_gates(blocks([base, turned, base], [turned, base, turned]), key, tmp_path / "gates.json")
+    assert vary["B"]["gate"] is None and vary["B"]["gate_reason"] is None
+    assert vary["A"]["varies"] and vary["B"]["varies"]
+    change = paired_gates(blocks([base, turned, base], [moved, moved, moved]), key, tmp_path / "gates.json")
+    assert change["B"]["gate"] == 1 and not change["B"]["varies"]
+    assert change["B"]["gate_reason"] == "tokens differ from A's on the gate's prompts (2 of 3, from token 4)"
+    both = paired_gates(blocks([base] * 3, [turned] * 3), key, tmp_path / "gates.json")
+    assert both["B"]["gate_reason"] == "tokens differ from A's on the gate's prompts (3 of 3, from token 3)"
+
+
 def test_sides_differ_by_settings_on_one_revision(tmp_path):
     """A flag A/B on one commit: B's own variables and engine arguments reach B's engine only (A's unset removes a
     variable from A alone); `compare` refuses a malformed setting in one line."""
@@ -430,7 +456,8 @@ def test_sides_differ_by_settings_on_one_revision(tmp_path):
         base = dict(a_env=None, b_env=None, a_unset=None, b_unset=None, a_engine_arg=None, b_engine_arg=None)
         return SimpleNamespace(suite="decode", **{**base, **kw})
 
-    got = pairing.side_settings(args(b_env=["VLLM_FLAG=1"], a_unset=["VLLM_FLAG"]))
+    stack = description.default()
+    got = pairing.side_settings(args(b_env=["VLLM_FLAG=1"], a_unset=["VLLM_FLAG"]), stack)
     assert got["B"].env == {"VLLM_FLAG": "1"} and got["A"].unset == ("VLLM_FLAG",) and not got["A"].env
     for bad, words in (
         (args(b_env=["VLLM_FLAG"]), "--b-env 'VLLM_FLAG': write KEY=VALUE"),
@@ -438,7 +465,43 @@ def test_sides_differ_by_settings_on_one_revision(tmp_path):
         (SimpleNamespace(**{**vars(args(b_env=["X=1"])), "suite": "moe-down"}), "moe-down sides are kernels"),
     ):
         with pytest.raises(UsageError, match=words):
-            pairing.side_settings(bad)
+            pairing.side_settings(bad, stack)
+
+
+def test_a_second_stack_file_is_a_side(tmp_path):
+    """--b-stack: what B's stack sets differently (a flag set, a flag gone, an engine argument, its memory share)
+    becomes B's settings, the side's own flags win; a stack with another model or TP is refused in one line; `auto`
+    judges the larger memory share."""
+    from b70bench import side_settings
+    from b70bench.paired.blocks import Settings
+
+    (tmp_path / "m").mkdir()
+    a = tmp_path / "a.toml"
+    a.write_text('model = "./m"\nbackend = "cuda"\nmemory_fraction = 0.4\n'
+                 '[env]\nVLLM_RMS_HELPER = "1"\nKEEP = "x"\n[engine_args]\nenforce_eager = true\n')  # fmt: skip
+    b = tmp_path / "b.toml"
+    b.write_text('model = "./m"\nbackend = "cuda"\nmemory_fraction = 0.95\nshapes = ["p512n1536"]\n'
+                 '[env]\nKEEP = "x"\nVLLM_ROPE_HELPER = "1"\n'
+                 '[engine_args]\nenforce_eager = true\nmax_num_seqs = 4\n')  # fmt: skip
+    stack = description.load(a)
+    got = side_settings.from_stack(stack, description.load(b), "--b-stack")
+    assert got == Settings({"VLLM_ROPE_HELPER": "1"}, ("VLLM_RMS_HELPER",),
+                           {"max_num_seqs": 4, "gpu_memory_utilization": 0.95})  # fmt: skip
+    flags = dict(a_env=None, b_env=["VLLM_RMS_HELPER=2"], a_unset=None, b_unset=["VLLM_ROPE_HELPER"], a_stack=None,
+                 a_engine_arg=None, b_engine_arg=["max_num_seqs=8"], b_stack=str(b))  # fmt: skip
+    sides_ = side_settings.from_args(SimpleNamespace(**flags), stack)
+    assert not sides_["A"] and sides_["B"] == Settings(
+        {"VLLM_RMS_HELPER": "2"}, ("VLLM_ROPE_HELPER",), {"max_num_seqs": 8, "gpu_memory_utilization": 0.95}
+    )
+    assert stack.two_fit("cuda")[0] and not side_settings.placement_stack(stack, sides_).two_fit("cuda")[0]
+    for text, words in (
+        ('model = "./m"\nbackend = "cuda"\ntp = 2\n', "its tp \\(2\\) differs from the stack's \\(1\\)"),
+        ('model = "./m"\nbackend = "cuda"\nmemory_fraction = 0.4\n[engine_args]\nseed = 1\n',
+         "sets engine argument enforce_eager and it does not"),
+    ):  # fmt: skip
+        b.write_text(text)
+        with pytest.raises(UsageError, match=words):
+            side_settings.from_args(SimpleNamespace(**flags), stack)
 
 
 def test_a_side_with_settings_gets_a_compile_cache_of_its_own(tmp_path):

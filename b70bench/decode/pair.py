@@ -13,7 +13,7 @@ import os
 import statistics
 from pathlib import Path
 
-from b70bench import patches, stats
+from b70bench import patches, side_settings, stats
 from b70bench.errors import UsageError
 from b70bench.paired import placement as placements
 from b70bench.paired import report, sides, stopping
@@ -212,7 +212,7 @@ def compare_series(
     after the first of a graph warm: vLLM on the CPU recompiles at each start, but inductor's generated C++ is
     cached under the compile-cache key, and most commits leave the graph unchanged."""
     stack = stack or description.default()
-    where, why = placements.choose(placement, backend, stack)
+    where, why = placements.choose(placement, backend, side_settings.placement_stack(stack, settings or {}))
     out(f"placement: {where} ({why})")
     sides_ = sides.build_sides(dirs, env, out_dir, cache_dir, settings)
     spec = dict(spec) if spec is not None else stack.engine_spec(shape)

@@ -7,7 +7,7 @@ On MiniMax-M2's model file, as the shipped series (patches/) leaves it (`shipped
   step, outside the compiled graph): real CPU work of known size whose result is unused, so the tokens stay
   the same;
 - `with_graph_work(text, reps, size)`: `reps` size x size products per decoder layer and step inside the
-  compiled graph, tokens unchanged.
+  compiled graph, their result written to a buffer of the layer, so the tokens stay the same on any depth.
 On other files (`pristine` reads them as installed):
 - `noop_patch`: a comment in a file vLLM never imports for this model (changes the patch-set hash only);
 - `moe_passes` and `runner_work`: a slower MoE experts kernel and work moved into the MoE layer's entry;
@@ -131,19 +131,39 @@ def with_call(text: str, module: str, call: str) -> str:
     )
 
 
-def with_graph_work(text: str, reps: int, size: int = WORK_SIZE) -> str:
-    """`reps` size x size matrix products per decoder layer and step inside the compiled graph (Dynamo
-    traces the layer's forward): their result joins the hidden states times zero, so the tokens stay the
-    same and the compiler cannot drop the work. A smaller `size` is a smaller slowdown (call overhead
-    keeps one 16x16 product at about a third of a 64x64 one on the CPU)."""
+def _sink(text: str) -> str:
+    """A one-element buffer in each decoder layer where the deliberate in-graph work leaves its result. Writing it
+    keeps the work in the compiled graph without touching the hidden states: adding the work times zero to them
+    (the obvious way) lets the compiler fuse that add with the layer's own ops, which moves bf16 rounding and, on
+    models of 16 layers or more, the greedy tokens, so the gate withholds what was meant as a pure slowdown."""
     return _edit(
         text,
+        "        self.block_sparse_moe = MiniMaxM2MoE(\n",
+        "        # b70bench: where deliberate in-graph work leaves its result (not a weight; never loaded).\n"
+        '        self.register_buffer("_b70_sink", torch.zeros(1), persistent=False)\n',
+        before=True,
+    )
+
+
+def _graph_work(reps: int, size: int, indent: str) -> str:
+    return (
+        f"{indent}_m = hidden_states.new_ones({size}, {size}) * hidden_states[0, 0]\n"
+        f"{indent}for _ in range({reps}):\n"
+        f"{indent}    _m = torch.tanh(_m @ _m)\n"
+        f"{indent}self._b70_sink.copy_(_m[0, :1])\n"
+    )
+
+
+def with_graph_work(text: str, reps: int, size: int = WORK_SIZE) -> str:
+    """`reps` size x size matrix products per decoder layer and step inside the compiled graph (Dynamo traces the
+    layer's forward), their last row's first element written to a buffer (`_sink`): the compiler keeps the work and
+    the hidden states are untouched, so the tokens stay the same. A smaller `size` is a smaller slowdown (call
+    overhead keeps one 16x16 product at about a third of a 64x64 one on the CPU)."""
+    return _edit(
+        _sink(text),
         "        hidden_states = self.block_sparse_moe(hidden_states)\n",
         f"        # Deliberate in-graph work: {reps} {size}x{size} matrix products per layer and step.\n"
-        f"        _m = hidden_states.new_ones({size}, {size}) * hidden_states[0, 0]\n"
-        f"        for _ in range({reps}):\n"
-        f"            _m = torch.tanh(_m @ _m)\n"
-        f"        hidden_states = hidden_states + 0.0 * _m[0, 0]\n",
+        + _graph_work(reps, size, "        "),
     )
 
 
@@ -159,13 +179,9 @@ def with_flagged_work(text: str, flag: str, reps: int, size: int = WORK_SIZE) ->
         before=True,
     )
     return _edit(
-        text,
+        _sink(text),
         "        hidden_states = self.block_sparse_moe(hidden_states)\n",
-        "        if _FLAGGED_WORK:\n"
-        f"            _m = hidden_states.new_ones({size}, {size}) * hidden_states[0, 0]\n"
-        f"            for _ in range({reps}):\n"
-        "                _m = torch.tanh(_m @ _m)\n"
-        "            hidden_states = hidden_states + 0.0 * _m[0, 0]\n",
+        "        if _FLAGGED_WORK:\n" + _graph_work(reps, size, "            "),
     )
 
 

@@ -17,6 +17,7 @@ import os
 import statistics
 from pathlib import Path
 
+from b70bench import side_settings
 from b70bench.paired import placement as placements
 from b70bench.paired import report, sides, stopping
 from b70bench.paired.blocks import MIN_ROUNDS_FOR_SE, SIDES, Block
@@ -154,7 +155,7 @@ def compare_series(
 ) -> dict:
     """B against A (series directories), servers of the stack paired at one concurrency; one JSON-able dict."""
     stack = stack or description.default()
-    where, why = placements.choose(placement, backend, stack)
+    where, why = placements.choose(placement, backend, side_settings.placement_stack(stack, settings or {}))
     out(f"placement: {where} ({why})")
     sides_ = sides.build_sides(dirs, env, out_dir, cache_dir, settings)
     load = suite.Load.from_shape(shape, concurrency=(concurrency,), startup_timeout_s=stack.start_timeout_s)
