@@ -19,8 +19,8 @@ import os
 import sys
 import traceback
 
-from b70bench import cli, records
 from b70bench import device as devmod
+from b70bench import options, records
 from b70bench.comm import launch as launchmod
 from b70bench.comm.params import (
     DEFAULT_SIZES,
@@ -223,7 +223,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=300.0,
         help="seconds before a rank still running is declared hung and every rank is killed",
     )
-    cli.add_json_arg(p)
+    options.add_json_arg(p)
 
 
 def register(sub) -> None:

@@ -10,8 +10,8 @@ import functools
 
 import torch
 
-from b70bench import cli, records, timing
 from b70bench import device as devmod
+from b70bench import options, records, timing
 from b70bench.fingerprint import fingerprint
 
 GIB = 1 << 30
@@ -74,8 +74,8 @@ def register(sub) -> None:
         help="device-to-device copy bandwidth (the anchor)",
         description="Device-to-device copy bandwidth, bytes read + written per second.",
     )
-    cli.add_device_args(p)
+    options.add_device_args(p)
     p.add_argument("--mib", type=float, nargs="+", help="buffer sizes in MiB (default 1024 on GPUs, 256 on the CPU)")
     p.add_argument("--repeat", type=int, default=30, help="timed samples per size (median reported)")
-    cli.add_json_arg(p)
+    options.add_json_arg(p)
     p.set_defaults(func=run)

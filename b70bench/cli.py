@@ -1,67 +1,51 @@
 """`b70bench`: one entry point, one subcommand per suite; a thin front over the library.
 
-Each subcommand lives in its suite's module, which defines `register(subparsers)`.
+Each subcommand lives in its suite's module (a front), which defines `register(subparsers)`; the options fronts
+share are in options.py, so no front imports this module back.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
-import importlib.util
 import signal
 import sys
 
-from b70bench import __version__
-from b70bench.errors import UsageError
-
-# Modules that define subcommands, in the order `--help` lists them.
-SUBCOMMAND_MODULES = (
-    "b70bench.info",
-    "b70bench.bandwidth",
-    "b70bench.allreduce",
-    "b70bench.moe.cli",
-    "b70bench.decode.cli",
-    "b70bench.summarize",
-    "b70bench.patches.cli",
-    "b70bench.cachekey",
-    "b70bench.revisions",
-    "b70bench.serve.cli",
-    "b70bench.compare",
-    "b70bench.bisect",
-    "b70bench.stack.cli",
-    "b70bench.kernel_vs_model",
+from b70bench import (
+    __version__,
+    allreduce,
+    bandwidth,
+    bisect,
+    cachekey,
+    compare,
+    info,
+    kernel_vs_model,
+    revisions,
+    summarize,
 )
+from b70bench.decode import cli as decode_cli
+from b70bench.errors import UsageError
+from b70bench.moe import cli as moe_cli
+from b70bench.patches import cli as patches_cli
+from b70bench.serve import cli as serve_cli
+from b70bench.stack import cli as stack_cli
 
-
-def add_device_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--backend",
-        choices=None,
-        metavar="{xpu,cuda,cpu}",
-        help="device backend (default: xpu, then cuda, then cpu; env B70BENCH_BACKEND)",
-    )
-    parser.add_argument(
-        "--device-index", type=int, default=None, help="device index (default 0; env B70BENCH_DEVICE_INDEX)"
-    )
-
-
-def add_stack_arg(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--stack",
-        metavar="FILE",
-        default=None,
-        help="the stack under test, a TOML file (docs/stacks.md; default: B70BENCH_STACK, else the embedded tiny "
-        "MiniMax-M2 on the CPU's settings)",
-    )
-
-
-def add_json_arg(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--json",
-        metavar="FILE",
-        default=None,
-        help="also write the records and the fingerprint to FILE ('-' for stdout only)",
-    )
+# The fronts, in the order `--help` lists them: each module's `register(subparsers)` adds its subcommand.
+FRONTS = (
+    info,
+    bandwidth,
+    allreduce,
+    moe_cli,
+    decode_cli,
+    summarize,
+    patches_cli,
+    cachekey,
+    revisions,
+    serve_cli,
+    compare,
+    bisect,
+    stack_cli,
+    kernel_vs_model,
+)
 
 
 # (flag, top-level dest, argparse keywords): options every subcommand that measures takes.
@@ -85,13 +69,6 @@ def _apply_global_options(args: argparse.Namespace) -> None:
             setattr(args, own, value)
 
 
-def _module_exists(name: str) -> bool:
-    try:
-        return importlib.util.find_spec(name) is not None
-    except ModuleNotFoundError:
-        return False
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="b70bench", description="Communication, kernel and end-to-end decode benchmarks for LLM inference stacks."
@@ -102,9 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
     for flag, dest, kw in GLOBAL_OPTIONS:
         parser.add_argument(flag, dest=dest, default=None, help=argparse.SUPPRESS, **kw)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in SUBCOMMAND_MODULES:
-        if _module_exists(name):
-            importlib.import_module(name).register(sub)
+    for front in FRONTS:
+        front.register(sub)
     return parser
 
 

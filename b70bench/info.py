@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from b70bench import bandwidth, cli, records, suites
+from b70bench import bandwidth, options, records, suites
 from b70bench import device as devmod
 from b70bench.fingerprint import fingerprint
 
@@ -39,7 +39,7 @@ def register(sub) -> None:
         description="Print the fingerprint attached to every result and, per suite, "
         "whether it can run here and why not.",
     )
-    cli.add_device_args(p)
+    options.add_device_args(p)
     p.add_argument("--measure", action="store_true", help="also measure device-to-device copy bandwidth (the anchor)")
     p.add_argument("--json", metavar="FILE", default=None, help="write as JSON to FILE ('-' for stdout)")
     p.set_defaults(func=run)

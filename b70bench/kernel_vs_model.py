@@ -113,10 +113,8 @@ def _change(value: float, samples, prev: tuple | None, tolerance: float, level: 
         d = r.decide(max(tolerance, stats.DEFAULT_MIN_EFFECT), tolerance)
         out["ratio"], out["interval"] = r.ratio, [r.lo, r.hi]
         out["verdict"], out["text"] = d.word, d.text
-    elif out["ratio"] > 1 + tolerance:
-        out["verdict"] = out["text"] = stats.SLOWER
-    elif out["ratio"] <= 1 / (1 + tolerance):  # as stats.Ratio.decide reads "faster"
-        out["verdict"] = out["text"] = stats.FASTER
+    elif word := stats.beyond_floor(out["ratio"], tolerance):  # no interval: the rule's size half alone
+        out["verdict"] = out["text"] = word
     else:
         out["verdict"], out["text"] = stats.UNDECIDED, f"{stats.UNDECIDED}: one value a side, no interval"
     return out

@@ -284,7 +284,7 @@ def serve_rounds() -> int:
 
 def add_measure_options(p, suites: tuple[str, ...]) -> None:
     """compare's options past its two sides, shared with bisect (whose verdicts are compare's)."""
-    from b70bench.cli import add_json_arg, add_stack_arg
+    from b70bench.options import add_json_arg, add_stack_arg
 
     p.add_argument("--python", default=None, metavar="PATH", help="interpreter of the environment (default: this one)")
     p.add_argument(

@@ -517,9 +517,3 @@ def register(sub) -> None:
     p.add_argument("--site-dir", default=None, help="look for distributions only in DIR (a pip --target install)")
     p.add_argument("--prefix", default=None, help="where the environment's patch state lives (with --site-dir)")
     p.set_defaults(func=run)
-
-
-if __name__ == "__main__":
-    from b70bench.cli import main
-
-    raise SystemExit(main(["revisions", *sys.argv[1:]]))

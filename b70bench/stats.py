@@ -86,6 +86,17 @@ class Decision:
         return self.word
 
 
+def beyond_floor(ratio: float, floor: float) -> str | None:
+    """SLOWER where the ratio is at least 1 + floor, FASTER where it is at most 1 / (1 + floor), else None: the size
+    half of the verdict rule (Ratio.decide adds the interval's half; a reading with one value a side has only this
+    one, so it can name a change but never rule one out)."""
+    if ratio >= 1.0 + floor:
+        return SLOWER
+    if ratio <= 1.0 / (1.0 + floor):
+        return FASTER
+    return None
+
+
 @dataclass(frozen=True)
 class Ratio:
     """B/A for a lower-is-better figure (seconds) and its interval."""
@@ -105,9 +116,10 @@ class Ratio:
         - no change beyond X: the interval lies within [1 / (1 + X), 1 + X], X = max(hi, 1/lo) - 1 <= min_effect;
         - undecided: the interval still holds a change of min_effect (or has no finite ends: too few samples).
         """
-        if self.lo > 1.0 and self.ratio >= 1.0 + floor:
+        size = beyond_floor(self.ratio, floor)
+        if size == SLOWER and self.lo > 1.0:
             return Decision(SLOWER, None, min_effect, self.lo, self.hi)
-        if self.hi < 1.0 and self.ratio <= 1.0 / (1.0 + floor):
+        if size == FASTER and self.hi < 1.0:
             return Decision(FASTER, None, min_effect, self.lo, self.hi)
         if self.lo > 0.0 and math.isfinite(self.hi):
             widest = max(self.hi, 1.0 / self.lo)
@@ -220,13 +232,30 @@ BLOCK_OFFSET_SD = 0.015
 TWO_BLOCKS_OFFSET_SD = 0.021
 
 
-def paired_blocks(ratios: list[float], ses: list[float | None], level: float) -> Ratio:
-    """B/A over paired blocks, the one reading of them (the stopping rule, the website, kernel-vs-model): with
-    every block's own standard error of its log ratio, blocks_interval; else (a block too short for one, or
-    alternate blocks, whose rounds cannot see their starts' offset) the t interval over the block values."""
-    if len(ses) == len(ratios) and all(s is not None and s > 0 for s in ses):
-        return blocks_interval([math.log(r) for r in ratios], ses, level)
-    return paired_interval(ratios, level)
+def decide_blocks(
+    ratios: list[float | None],
+    ses: list[float | None],
+    level: float,
+    min_effect: float = DEFAULT_MIN_EFFECT,
+    floor: float = DEFAULT_FLOOR,
+) -> tuple[Ratio | None, Decision | None]:
+    """The one decision over paired blocks, read by the stopping rule (paired.blocks.decide), the website
+    (verdicts.paired) and kernel-vs-model: (B/A with its interval, the verdict), or (None, None) with fewer than two
+    blocks that carry a ratio. With every block's own standard error of its log ratio, blocks_interval; else (a
+    block too short for one, or alternate blocks, whose rounds cannot see their starts' offset) the t interval over
+    the block values (paired_interval). Then Ratio.decide."""
+    if len(ses) != len(ratios):
+        ses = [None] * len(ratios)
+    kept = [(r, e) for r, e in zip(ratios, ses, strict=True) if r is not None and r > 0]
+    if len(kept) < 2:
+        return None, None
+    good = [r for r, _e in kept]
+    errors = [e for _r, e in kept]
+    if all(e is not None and e > 0 for e in errors):
+        ratio = blocks_interval([math.log(r) for r in good], errors, level)
+    else:
+        ratio = paired_interval(good, level)
+    return ratio, ratio.decide(min_effect, floor)
 
 
 def blocks_interval(

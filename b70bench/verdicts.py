@@ -111,17 +111,12 @@ def paired(
     """One verdict per commit with paired ratios, each against its own parent (not against a segment)."""
     out = []
     for p in sorted(points, key=lambda q: q.revision):
-        with_se = len(p.ses) == len(p.samples) >= 2 and all(s is not None and s > 0 for s in p.ses)
-        kept = [
-            (r, e) for r, e in zip(p.samples, p.ses if with_se else [None] * len(p.samples), strict=True) if r and r > 0
-        ]
-        ratios = [r for r, _e in kept]
         reference = [p.parent] if p.parent else []
-        if len(ratios) < 2:
-            out.append(_too_few(p, reference, len(ratios), PAIRED, "paired block(s)"))
+        r, d = stats.decide_blocks(list(p.samples), list(p.ses), level, min_effect, floor)
+        n = sum(1 for x in p.samples if x is not None and x > 0)
+        if r is None:
+            out.append(_too_few(p, reference, n, PAIRED, "paired block(s)"))
             continue
-        r = stats.paired_blocks(ratios, [e for _r, e in kept], level)
-        d = r.decide(min_effect, floor)
         out.append(
             Verdict(
                 p.commit,
@@ -130,7 +125,7 @@ def paired(
                 d,
                 d.text,
                 r,
-                n=len(ratios),
+                n=n,
                 minutes=p.minutes,
                 placement=p.placement,
                 calls=p.calls,

@@ -184,11 +184,10 @@ def redecide(dirs: list[str]) -> None:
         blocks = load_blocks(d)
         cells = []
         for use in (blocks[:4], blocks):
-            r = pair.estimate(use, level)
+            r, dec = pair.decide(use, level, stats.DEFAULT_MIN_EFFECT, stats.DEFAULT_FLOOR)
             if r is None:
                 cells += ["-", "undecided"]
                 continue
-            dec = r.decide(stats.DEFAULT_MIN_EFFECT, stats.DEFAULT_FLOOR)
             cells += [f"{r.ratio:.3f} [{r.lo:.3f}, {r.hi:.3f}]", dec.text]
         print(f"| {Path(d).name} | " + " | ".join(cells) + f" | {len(blocks)} |")
 

@@ -314,7 +314,7 @@ def test_walk_skips_commits_without_enough_samples():
     ],
 )
 def test_one_decision_for_the_stopping_rule_the_page_and_kernel_vs_model(ratios, ses):
-    """The same blocks read by the stopping rule (paired.blocks.estimate), the website (verdicts.paired) and
+    """The same blocks read by the stopping rule (paired.blocks.decide), the website (verdicts.paired) and
     kernel-vs-model give the same interval and the same verdict: one function decides."""
     from b70bench import kernel_vs_model
     from b70bench.paired import blocks as blockmod
@@ -331,10 +331,9 @@ def test_one_decision_for_the_stopping_rule_the_page_and_kernel_vs_model(ratios,
     orig = blockmod.block_ses
     blockmod.block_ses = lambda bs, normalise=False, key="latency_s": [b._se for b in bs]
     try:
-        r = blockmod.estimate(fixed, verdicts.LEVEL)
+        r, stop = blockmod.decide(fixed, verdicts.LEVEL, stats.DEFAULT_MIN_EFFECT, stats.DEFAULT_FLOOR)
     finally:
         blockmod.block_ses = orig
-    stop = r.decide(stats.DEFAULT_MIN_EFFECT, stats.DEFAULT_FLOOR)
     page = verdicts.paired([verdicts.Point(0, "c", tuple(ratios), ses=tuple(ses))])[0]
     kvm = kernel_vs_model._paired_change(1.0, ratios, ses, stats.DEFAULT_FLOOR, verdicts.LEVEL)
     assert (r.lo, r.hi) == (page.ratio.lo, page.ratio.hi) == tuple(kvm["interval"])

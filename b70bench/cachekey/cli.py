@@ -103,7 +103,7 @@ def run(args) -> int:
 
 
 def register(sub) -> None:
-    from b70bench import cli
+    from b70bench import options
 
     p = sub.add_parser(
         "cache-key",
@@ -132,9 +132,9 @@ def register(sub) -> None:
         help=f"where per-commit cache-key records are saved and looked up (default: records/ in the "
         f"state directory, {state.HOME_ENV}, else the asv project's results/)",
     )
-    cli.add_stack_arg(p)
-    cli.add_device_args(p)
-    cli.add_json_arg(p)
+    options.add_stack_arg(p)
+    options.add_device_args(p)
+    options.add_json_arg(p)
     p.set_defaults(func=_dispatch)
 
 

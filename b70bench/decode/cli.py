@@ -5,8 +5,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from b70bench import cli, pytorch_json, records
 from b70bench import device as devmod
+from b70bench import options, pytorch_json, records
 from b70bench.decode import canary, suite
 from b70bench.decode import hooks as hooksmod
 from b70bench.fingerprint import fingerprint
@@ -150,14 +150,14 @@ def register(sub) -> None:
         description="Offline vLLM decode, one fresh process per run: tok/s, s per token, TTFT, "
         "inter-token latency, KV cache, compile-cache key and state, quality gate.",
     )
-    cli.add_device_args(p)
+    options.add_device_args(p)
     p.add_argument(
         "--shapes",
         nargs="+",
         metavar="pPnN[bB]",
         help=f"prompt/output lengths (default {' '.join(suite.DEFAULT_SHAPES)})",
     )
-    cli.add_stack_arg(p)
+    options.add_stack_arg(p)
     p.add_argument("--model", default=None, help="model path or name in place of the stack's")
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--tp", type=int, default=None, help="tensor parallel size (default: the stack's)")
@@ -219,7 +219,7 @@ def register(sub) -> None:
         action="store_true",
         help="after reviewing the output, pin this run's token hash for its model/backend/vLLM",
     )
-    cli.add_json_arg(p)
+    options.add_json_arg(p)
     p.add_argument(
         "--pytorch-json",
         metavar="FILE",

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from b70bench import cli, records
 from b70bench import device as devmod
+from b70bench import options, records
 from b70bench.fingerprint import fingerprint
 from b70bench.moe import configs, shapes
 
@@ -78,7 +78,7 @@ def register(sub) -> None:
         "on MiniMax M2.x shapes, check it against a float64 reference and state its "
         "bandwidth as a fraction of the copy anchor measured in the same run.",
     )
-    cli.add_device_args(p)
+    options.add_device_args(p)
     p.add_argument(
         "--variants", nargs="+", metavar="NAME", help="variants to run (default: all registered, plug-ins included)"
     )
@@ -114,5 +114,5 @@ def register(sub) -> None:
         "`tiling`; block_m 0 = from the routing",
     )
     p.add_argument("--tune-seconds", type=float, default=1e9, help="stop starting new tilings after this long")
-    cli.add_json_arg(p)
+    options.add_json_arg(p)
     p.set_defaults(func=run)

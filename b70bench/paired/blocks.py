@@ -1,4 +1,4 @@
-"""A block: one start per side, its timed calls, its B/A and that ratio's own standard error; the estimate over blocks.
+"""A block: one start per side, its timed calls, its B/A and that ratio's own standard error; the decision over blocks.
 
 On a shared host the speed changes within seconds (the 2-core VM flips between two states 1.5-1.7x apart), so
 figures from separate starts minutes apart differ by more than the changes users care about. What pairing cannot
@@ -21,7 +21,7 @@ from b70bench import stats
 SIDES = "AB"
 # The share of a block's round log ratios dropped from each end before their mean is taken.
 ROUND_TRIM = 0.1
-# Fewer rounds than this and a block's own standard error is too rough to lean on (estimate()).
+# Fewer rounds than this and a block's own standard error is too rough to lean on (decide()).
 MIN_ROUNDS_FOR_SE = 24
 
 
@@ -150,11 +150,18 @@ def block_ses(blocks: list[Block], normalise: bool = False, key: str = "latency_
     ]
 
 
-def estimate(blocks: list[Block], level: float, normalise: bool = False, key: str = "latency_s"):
-    """stats.Ratio of B/A over blocks (stats.paired_blocks over their ratios and block_ses()), or None with fewer
-    than two good blocks. With each block's own standard error two blocks are enough (stats.blocks_interval gives
-    them the two-block floor, where the t over two block values would be 25 times wider at 99%)."""
+def decide(
+    blocks: list[Block],
+    level: float,
+    min_effect: float = stats.DEFAULT_MIN_EFFECT,
+    floor: float = stats.DEFAULT_FLOOR,
+    normalise: bool = False,
+    key: str = "latency_s",
+) -> tuple[stats.Ratio | None, stats.Decision | None]:
+    """B/A over the blocks that completed and its verdict (stats.decide_blocks over their ratios and block_ses()).
+    With each block's own standard error two blocks are enough (stats.blocks_interval gives them the two-block
+    floor, where the t over two block values would be 25 times wider at 99%)."""
     good = [b for b in blocks if b.error is None and b.ratio(normalise, key) is not None]
-    if len(good) < 2:
-        return None
-    return stats.paired_blocks([b.ratio(normalise, key) for b in good], block_ses(good, normalise, key), level)
+    return stats.decide_blocks(
+        [b.ratio(normalise, key) for b in good], block_ses(good, normalise, key), level, min_effect, floor
+    )

@@ -18,7 +18,7 @@ from pathlib import Path
 from b70bench import records, stats, verdicts
 from b70bench.errors import UsageError
 from b70bench.paired import placement as placements
-from b70bench.paired.blocks import SIDES, Block, block_ses, estimate
+from b70bench.paired.blocks import SIDES, Block, block_ses, decide
 
 MAX_LOOKS = 4
 # `compare`'s overall level (each of its looks at per_look_level of it).
@@ -135,8 +135,7 @@ class Paired:
         """Another figure the calls carry (serve's TPOT, TTFT) read from the same blocks at the same level by the
         same decision; the stopping rule itself followed the primary figure only."""
         good = [b for b in self.good if b.ratio(key=key) is not None]
-        ratio = estimate(good, self.level, key=key)
-        decision = ratio.decide(min_effect, floor) if ratio else None
+        ratio, decision = decide(good, self.level, min_effect, floor, key=key)
         return {
             "ratio": ratio.ratio if ratio else None,
             "lo": ratio.lo if ratio else None,
@@ -214,8 +213,7 @@ def measure(
                 reason = f"the budget ({budget_s / 60:.1f} min) ran out after {len(blocks)} blocks"
                 break
         looks += 1
-        ratio = estimate(blocks, per_look)
-        decision = ratio.decide(min_effect, floor) if ratio else None
+        ratio, decision = decide(blocks, per_look, min_effect, floor)
         if decision is not None and decision.word != stats.UNDECIDED:
             reason = None
             break

@@ -11,8 +11,8 @@ import os
 import time
 from pathlib import Path
 
-from b70bench import cli, pytorch_json, records, stats
 from b70bench import device as devmod
+from b70bench import options, pytorch_json, records, stats
 from b70bench.cachekey import artifacts
 from b70bench.errors import UsageError
 from b70bench.fingerprint import dist_version, fingerprint
@@ -292,7 +292,7 @@ def register(sub) -> None:
         help="send each prompt as text the server tokenizes, as `vllm bench serve` does (default: token ids)",
     )
     p.add_argument("--starts", type=int, default=1, help="fresh servers (one sample each)")
-    cli.add_stack_arg(p)
+    options.add_stack_arg(p)
     p.add_argument("--model", default=None, help="model path or id in place of the stack's")
     p.add_argument("--port", type=int, default=0, help="server port (default 0: a free one)")
     p.add_argument("--server-arg", action="append", help="one more `vllm serve` argument")
@@ -306,7 +306,7 @@ def register(sub) -> None:
         help="seconds for a server to answer /health (default: the stack's start_timeout_s)",
     )
     p.add_argument("--out-dir", default=None, help="server logs and compile caches (default under ~/.cache/b70bench)")
-    cli.add_device_args(p)
-    cli.add_json_arg(p)
+    options.add_device_args(p)
+    options.add_json_arg(p)
     p.add_argument("--pytorch-json", metavar="FILE", default=None, help="also write vLLM's benchmark-database records")
     p.set_defaults(func=run)

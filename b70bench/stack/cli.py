@@ -74,7 +74,7 @@ def write_model(args) -> int:
 
 
 def register(sub) -> None:
-    from b70bench.cli import add_device_args
+    from b70bench.options import add_device_args
 
     p = sub.add_parser("stack", help="a stack file: what it runs, its environment, placement and gate pin")
     ssub = p.add_subparsers(dest="stack_command", required=True)
