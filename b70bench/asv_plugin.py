@@ -37,65 +37,19 @@ from asv.publishing import OutputPublisher
 from asv.results import iter_results
 
 from b70bench import stats, verdicts, walklog
-from b70bench.figures import measured, measured_samples
+from b70bench.figures import (
+    DECIDED,
+    GATE_BY,
+    PAIRED_BY,
+    TIMED,
+    WITHDRAWN,
+    count_figures,
+    measured,
+    measured_samples,
+    paired_figures,
+)
 from b70bench.paired import placement
 
-# Per-start figures (lower is better) b70bench decides; asv's step fit still decides every other figure.
-DECIDED = (
-    "bench_decode.Decode.track_s_per_output_token",
-    "bench_decode.Decode.track_s_per_total_token",
-    "bench_serve.Serve.track_e2e_s",
-    "bench_serve.Serve.track_tpot_s",
-    "bench_serve.Serve.track_ttft_s",
-)
-# The figures a walk measures paired with the git parent, and the suite whose paired figures decide them:
-# <suite>.track_ratio_to_parent (B/A, one sample per block), .track_ratio_se_to_parent (each block's standard
-# error of its log ratio), .track_minutes (machine minutes) and the count of what each side timed (TIMED).
-# serve's blocks stop on each level's median E2E; TPOT and TTFT are read from the same blocks, each with its own
-# B/A (<suite>.track_tpot_ratio_to_parent ...): PAIRED_RATIO names each figure's ratio prefix.
-PAIRED_BY = {
-    "bench_decode.Decode.track_s_per_output_token": "bench_decode.Decode",
-    "bench_decode.Decode.track_s_per_total_token": "bench_decode.Decode",
-    "bench_serve.Serve.track_e2e_s": "bench_serve.Serve",
-    "bench_serve.Serve.track_tpot_s": "bench_serve.Serve",
-    "bench_serve.Serve.track_ttft_s": "bench_serve.Serve",
-}
-PAIRED_RATIO = {"bench_serve.Serve.track_tpot_s": "tpot_", "bench_serve.Serve.track_ttft_s": "ttft_"}
-PAIRED_FIGURES = ("track_ratio_to_parent", "track_ratio_se_to_parent", "track_minutes", "track_placement")
-PAIRED_SUITES = tuple(dict.fromkeys(PAIRED_BY.values()))
-
-
-def paired_figures(name: str) -> tuple[str, ...]:
-    """The paired figures of a decided figure, under its suite: its own ratio and standard errors, the shared
-    minutes and placement."""
-    prefix = PAIRED_RATIO.get(name, "")
-    return tuple(f.replace("track_", f"track_{prefix}", 1) if "ratio" in f else f for f in PAIRED_FIGURES)
-
-
-# What a paired block times on each side, by suite (decode: calls, serve: levels); <suite>.track_<word>s counts them.
-# Results written before serve's count was named track_levels carry it as track_calls, read as the same figure.
-TIMED = {"bench_decode.Decode": "call", "bench_serve.Serve": "level"}
-OLD_COUNT_FIGURE = "track_calls"
-
-
-def count_figures(suite: str) -> tuple[str, ...]:
-    """The names a suite's count of timed calls or levels is stored under, the current one first."""
-    return tuple(dict.fromkeys((f"{suite}.track_{TIMED[suite]}s", f"{suite}.{OLD_COUNT_FIGURE}")))
-
-
-# The exact-token gate of a decided figure's suite (0 pass, 1 fail): a commit that failed it has its speed withheld,
-# and the page says so rather than counting its missing samples.
-GATE_BY = {name: "bench_decode.Decode.track_gate" for name in DECIDED if name.startswith("bench_decode.")}
-# Withdrawn from asv's list: the higher-is-better twins of DECIDED (asv would list a speed-up as a
-# regression) and the paired measurement's figures (a ratio near 1 or a machine-minute count is no speed).
-WITHDRAWN = (
-    "bench_decode.Decode.track_output_tok_per_s",
-    "bench_decode.Decode.track_total_tok_per_s",
-    "bench_serve.Serve.track_goodput_request_per_s",
-    "bench_serve.Serve.track_output_tok_per_s",
-    *dict.fromkeys(f"{suite}.{figure}" for name, suite in PAIRED_BY.items() for figure in paired_figures(name)),
-    *(name for suite in PAIRED_SUITES for name in count_figures(suite)),
-)
 NOTE_ID = "b70bench-verdicts"
 FEED = "b70bench-verdicts.xml"
 

@@ -20,12 +20,12 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from b70bench import patches, side_settings, state, walklog
+from b70bench import figures, patches, side_settings, state, walkdesign, walklog
 from b70bench.decode import pair as decode_pair
 from b70bench.errors import UsageError
 from b70bench.history import commits_in, export_patches, git
+from b70bench.paired import chain, stopping
 from b70bench.paired import placement as placements
-from b70bench.paired import stopping
 from b70bench.paired.blocks import SIDES
 from b70bench.serve import suite as serve_suite
 from b70bench.stack import description, process, shapes
@@ -363,9 +363,9 @@ def plan_lines(
 
 
 # asv's names of the paired suites, matched against `--bench` patterns as asv matches them (re.search).
-PAIRED_SUITES = {
-    "decode": "bench_decode.Decode.track_ratio_to_parent",
-    "serve": "bench_serve.Serve.track_ratio_to_parent",
+RATIO_FIGURES = {
+    "decode": figures.ratio_figure("bench_decode.Decode"),
+    "serve": figures.ratio_figure("bench_serve.Serve"),
 }
 
 
@@ -383,7 +383,7 @@ def cost_lines(asv_args: list[str], stack: description.Stack, commits: int) -> l
     backend = stack.resolved_backend()
     where, why = placements.choose(placements.AUTO, backend, stack)
     lines, minutes = [f"placement: {where} ({why})"], 0.0
-    if selected(asv_args, PAIRED_SUITES["decode"]):
+    if selected(asv_args, RATIO_FIGURES["decode"]):
         shapes_ = shapes.walk_shapes(os.environ.get("B70BENCH_DECODE_SHAPES"), stack.shapes, backend)
         each, source = decode_pair.walk_budget_min(stack, backend)
         rounds, rounds_source = decode_pair.walk_rounds(stack, backend)
@@ -395,7 +395,7 @@ def cost_lines(asv_args: list[str], stack: description.Stack, commits: int) -> l
                 "  what a start costs is unknown here: state the stack's start_s and call_s (docs/stacks.md, Budgets)"
             )
         minutes += each * len(shapes_)
-    if selected(asv_args, PAIRED_SUITES["serve"]):
+    if selected(asv_args, RATIO_FIGURES["serve"]):
         text = os.environ.get("B70BENCH_SERVE_CONCURRENCY")
         levels = text.split() if text else [str(c) for c in serve_suite.DEFAULT_CONCURRENCY]
         each = stopping.budget_min_from_env("B70BENCH_SERVE_BUDGET_MIN", stopping.DEFAULT_BUDGET_MIN)
@@ -440,7 +440,14 @@ def run(args) -> int:
         os.environ[description.ENV_VAR] = stack.source  # the asv adapters read it in asv's processes
         stack_hash = stack.hash()
     settings = side_settings.from_args(args, stack)
+    if args.design and any(settings.values()):
+        raise UsageError("--design measures each commit against its parent; sides with settings (--b-env and the "
+                         "like) measure each against itself: drop one")  # fmt: skip
+    if args.design and args.shard:
+        raise UsageError("--design measures the range as one; --shard splits it across machines: drop one")
     inputs = {"asv_args": asv_args, "stack": stack_hash}
+    if args.design:  # its verdicts come from another design: a commit walked per pair is not finished for it
+        inputs["design"] = True
     settings_text = side_settings.to_env(settings)
     if settings_text:
         os.environ[side_settings.ENV_VAR] = settings_text  # the asv adapters read it in asv's processes
@@ -454,9 +461,16 @@ def run(args) -> int:
         header += f"\nsides: each commit with {side_settings.describe(settings)} on the same commit (not its parent)"
     for line in plan_lines(walker, commits, record, None, header, asv_args, stack):
         print(line)
+    if args.design:
+        for line in walkdesign.plan_lines(stack, len(commits)):
+            print(line)
     if args.plan:
         return 0
     ensure_machine(walker.repo, machine)
+    if args.design:
+        folder = results / machine / "b70bench-design"
+        walkdesign.measure(walker.repo, commits, stack, walker.env, python, folder)
+        os.environ[chain.DESIGN_ENV] = str(folder)  # the decode adapter reads each commit's result there
     rows = walk(walker, commits, [*asv_args, "--machine", machine], record=record)
     print()
     print(f"{'commit':10}  {'patch set':16}  {'outcome':18}  asv  restored  error")
@@ -509,6 +523,12 @@ def register(sub) -> None:
         "--machine",
         default=None,
         help="asv machine name the results go under (default: this host's name); one per machine of a sharded walk",
+    )
+    p.add_argument(
+        "--design",
+        action="store_true",
+        help="measure the decode verdicts as one design before asv runs: each commit started once a pass, one engine "
+        "at a time, its starts serving its own verdict and its child's (about half the starts of a per-pair walk)",
     )
     p.add_argument("--plan", action="store_true", help="print the plan (commits, builds, budgets) and run nothing")
     p.add_argument(

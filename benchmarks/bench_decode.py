@@ -34,6 +34,7 @@ from b70bench.stack import model as decode_model
 
 from .common import (
     against_base,
+    design_result,
     lost_if_failed,
     paired_walk,
     placement_code,
@@ -91,7 +92,7 @@ def _paired_summary(shape: str, dev, stack) -> dict:
     """One shape of this commit against its parent (paired.sides.against_parent) as the figures asv tracks."""
     commit = walked_commit()
     out_dir = decode_model.cache_root() / "asv-paired" / commit[:12] / shape
-    res = against_base(
+    res = design_result(commit, shape) or against_base(
         commit,
         out_dir,
         pair.compare_series,

@@ -137,6 +137,22 @@ def against_base(commit: str, out_dir: Path, measure, **kw) -> dict:
     return sides.against_self(walked_repo(), commit, env, out_dir, measure, settings, **kw)
 
 
+def design_result(commit: str, shape: str) -> dict | None:
+    """The walked commit's decode result where `revisions --design` measured the walk as one design before asv ran
+    (paired.chain.DESIGN_ENV names its folder), else None: this adapter measures the commit against its parent."""
+    import json
+
+    from b70bench.paired import chain
+
+    folder = os.environ.get(chain.DESIGN_ENV)
+    if not folder:
+        return None
+    path = chain.result_path(Path(folder), commit, shape)
+    if not path.is_file():  # the design did not reach this commit: lost, measured again when the walk resumes
+        return {"blocks": 0, "lost": True, "reason": f"the walk's design has no result for {commit[:12]} {shape}"}
+    return json.loads(path.read_text())
+
+
 def say(line: str) -> None:
     """A paired measurement's progress, flushed as it comes: asv ends a set-up that prints nothing for its
     `setup_cache.timeout` (POSIX: seconds without output), and a pipe would hold these lines back for hours."""

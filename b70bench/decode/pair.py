@@ -15,8 +15,8 @@ from pathlib import Path
 
 from b70bench import patches, side_settings, stats
 from b70bench.errors import UsageError
+from b70bench.paired import chain, report, sides, stopping
 from b70bench.paired import placement as placements
-from b70bench.paired import report, sides, stopping
 from b70bench.paired.blocks import MIN_ROUNDS_FOR_SE, SIDES, Block, Side
 from b70bench.stack import description, environment, logs
 from b70bench.stack.description import Stack
@@ -244,6 +244,61 @@ def compare_series(
     )
     res = to_result(result, dirs, shape, tokens, min_effect, where, why, backend, stack)
     return {**res, "settings": {s: sides_[s].settings.to_json() for s in SIDES}}
+
+
+def design_series(
+    dirs: dict[str, Path],
+    env: patches.Env,
+    out_dir: Path,
+    *,
+    shape: str = DEFAULT_SHAPE,
+    budget_s: float,
+    level: float,
+    min_effect: float = stats.DEFAULT_MIN_EFFECT,
+    floor: float = stats.DEFAULT_FLOOR,
+    rounds: int = DEFAULT_ROUNDS,
+    python: str | None = None,
+    backend: str = "cpu",
+    out=print,
+    engine_cls=Engine,
+    stack: Stack | None = None,
+    cache_dir: Path | None = None,
+    journal: Path | None = None,
+    spec: dict | None = None,
+) -> dict[str, dict]:
+    """A walk's commits measured as one design (paired.chain): dirs maps each commit to its series, in walk order,
+    the first the base. Returns {commit: its result against the commit before it}, each as compare_series' result
+    (to_result) with "commit", "parent" and the design's cost. journal: where each start is recorded, and read back
+    when the same design runs again (resume)."""
+    stack = stack or description.default()
+    keys = list(dirs)
+    sides_ = sides.build_sides(dirs, env, out_dir, cache_dir)
+    spec = dict(spec) if spec is not None else stack.engine_spec(shape)
+    target = Target(sides_, spec, engine_env(stack, backend), out_dir, stack=stack, backend=backend, python=python,
+                    engine_cls=engine_cls)  # fmt: skip
+    design = chain.measure(
+        target,
+        keys,
+        rounds=rounds,
+        warmup_calls=DEFAULT_WARMUP_CALLS,
+        budget_s=budget_s,
+        level=level,
+        min_effect=min_effect,
+        floor=floor,
+        done=chain.read_journal(journal),
+        record=chain.journal_writer(journal),
+        out=out,
+    )
+    tokens = spec.get("batch", 1) * spec.get("output_len", 1)
+    why = "one design: each commit started once a pass, one engine at a time"
+    cost = {"commits": len(keys) - 1, "starts": design.all_starts, "passes": design.passes,
+            "minutes": design.wall_s / 60.0}  # fmt: skip
+    results = {}
+    for parent, child in zip(keys, keys[1:], strict=False):
+        res = to_result(design.pairs[child], {"A": dirs[parent], "B": dirs[child]}, shape, tokens, min_effect,
+                        placements.ALTERNATE, why, backend, stack)  # fmt: skip
+        results[child] = {**res, "commit": child, "parent": parent, "skipped_parents": [], "design": cost}
+    return results
 
 
 def _side_facts(blocks: list[Block], side: str, gate: dict) -> dict:

@@ -65,11 +65,11 @@ def build_sides(
     settings: dict[str, Settings] | None = None,
 ) -> dict[str, Side]:
     """Each side's overlay (its own patched copy of vLLM), compile cache and settings; refused in one line if a
-    series does not apply, leaving no directory behind."""
+    series does not apply, leaving no directory behind. The sides are dirs' keys: A and B, or a design's commits."""
     created = next((p for p in reversed([out_dir, *out_dir.parents]) if not p.exists()), None)
     out_dir.mkdir(parents=True, exist_ok=True)
     sides = {}
-    for s in SIDES:
+    for s in dirs:
         try:
             ov = patches.overlay.build(dirs[s], env, out_dir / f"overlay-{s}")
         except UsageError as err:

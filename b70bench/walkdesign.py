@@ -1,0 +1,109 @@
+"""`revisions --design`: a walk's decode verdicts measured as one design (paired.chain) before asv runs.
+
+The commits of the range and the parent of its first (the base) are started once a pass, one engine at a time, and
+each commit's result against the commit before it is written where the decode adapter reads it (chain.result_path
+under DESIGN_DIR), so asv records the same figures, and the page the same verdicts, as a per-pair walk would. What
+a design saves is starts: N + 1 a pass instead of 2N (chain.least_starts beside stopping.least_starts).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from pathlib import Path
+
+from b70bench import patches, records
+from b70bench.decode import pair as decode_pair
+from b70bench.errors import UsageError
+from b70bench.history import export_patches, git
+from b70bench.paired import chain, sides, stopping
+from b70bench.paired import placement as placements
+from b70bench.stack import description, shapes
+
+
+def base_of(repo: Path, first: str) -> str:
+    """The commit the design's first walked commit is measured against: its first parent."""
+    try:
+        return git(repo, "rev-parse", "--verify", "--quiet", f"{first}^")
+    except UsageError:
+        raise UsageError(
+            f"{first[:12]} has no parent in {repo}: a design measures each commit against the one before it; start "
+            f"the range one commit later"
+        ) from None
+
+
+def settings_for(stack: description.Stack, commits: int) -> dict:
+    """The design's shapes, rounds a start, per-look level and budget: the walk's own (decode.pair.walk_rounds,
+    walk_budget_min, the same overall level), the budget being the per-pair walk's for all its commits together."""
+    backend = stack.resolved_backend()
+    each, source = decode_pair.walk_budget_min(stack, backend)
+    return {
+        "backend": backend,
+        "shapes": shapes.walk_shapes(os.environ.get("B70BENCH_DECODE_SHAPES"), stack.shapes, backend),
+        "rounds": decode_pair.walk_rounds(stack, backend)[0],
+        "level": stopping.per_look_level(stopping.WALK_LEVEL),
+        "budget_min": each * commits,
+        "budget_source": f"{each:g} min a commit ({source}) x {commits}",
+    }
+
+
+def plan_lines(stack: description.Stack, commits: int) -> list[str]:
+    """Starts (and minutes, where the stack states what a start and a call cost) of the design beside the per-pair
+    walk's, at least (every pair decided at the first look) and at most (every look taken)."""
+    s = settings_for(stack, commits)
+    first = stopping.first_look_blocks(stopping.WALK_FIRST_BLOCKS, placements.ALTERNATE)
+    per_pair_least = commits * stopping.least_starts(stopping.WALK_FIRST_BLOCKS, placements.ALTERNATE)
+    per_pair_most = commits * (2 + 2 * first * 2 ** (stopping.MAX_LOOKS - 1))
+    least, most = chain.least_starts(commits, first), chain.most_starts(commits, first)
+    lines = [
+        f"design: {commits + 1} commits (the base and {commits} walked), one engine at a time, each started once a "
+        f"pass, forward then back; {s['rounds']} timed calls a start; first look after {first} passes; budget "
+        f"{s['budget_min']:g} min a shape ({s['budget_source']}); shapes {' '.join(s['shapes'])}",
+        f"  starts a shape: at least {least}, at most {most}; per pair: at least {per_pair_least}, at most "
+        f"{per_pair_most} ({least / per_pair_least:.0%} at least)",
+    ]
+    if stack.start_s and stack.call_s is not None:
+        calls = s["rounds"] + decode_pair.DEFAULT_WARMUP_CALLS
+        per_start = stack.start_s + calls * stack.call_s
+        lines.append(
+            f"  minutes a shape at the stack's start {stack.start_s:g} s and call {stack.call_s:g} s: at least "
+            f"{least * per_start / 60:.0f} (per pair {per_pair_least * per_start / 60:.0f}), at most the budget"
+        )
+    return lines
+
+
+def measure(
+    repo: Path, commits: list[str], stack: description.Stack, env: patches.Env, python: str, folder: Path, out=print
+) -> None:
+    """Measure the range as one design, each shape in turn, and write each commit's result to folder (result_path).
+    Each shape's starts are journalled under folder, keyed by the commits: the same command after a kill replays
+    them and goes on from the next start."""
+    s = settings_for(stack, len(commits))
+    keys = [base_of(repo, commits[0]), *commits]
+    tag = hashlib.sha256(" ".join(keys).encode()).hexdigest()[:10]
+    with tempfile.TemporaryDirectory(prefix="b70bench-design-") as tmp:
+        dirs = {k: export_patches(repo, k, Path(tmp) / k / "patches") for k in keys}
+        with patches.env_lock(env, f"b70bench revisions --design over {len(commits)} commits (overlays)"):
+            for shape in s["shapes"]:
+                out(f"design {shape}: {keys[0][:10]} (base) and {len(commits)} commits")
+                results = decode_pair.design_series(
+                    dirs,
+                    env,
+                    Path(tmp) / "work" / shape,
+                    shape=shape,
+                    budget_s=s["budget_min"] * 60,
+                    level=s["level"],
+                    rounds=s["rounds"],
+                    python=python,
+                    backend=s["backend"],
+                    stack=stack,
+                    cache_dir=sides.paired_cache_dir(),
+                    journal=folder / f"journal-{shape}-{tag}.jsonl",
+                    out=lambda line: out(f"  {line}"),
+                )
+                for commit, res in results.items():
+                    path = chain.result_path(folder, commit, shape)
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    records.emit_json(path, res)
+                    out(f"  {commit[:10]}: {res['text']} ({res['blocks']} blocks)")

@@ -1,0 +1,211 @@
+"""A walk as one design (b70bench.paired.chain) with fake engines: the pass order, which starts feed which pair's
+blocks, more passes only where undecided, a failed start, resume in the middle of a pass, and the starts it saves."""
+
+from __future__ import annotations
+
+import pytest
+
+from b70bench import stats
+from b70bench.paired import chain
+from b70bench.paired.stopping import per_look_level
+
+LEVEL = per_look_level(0.95)
+
+
+class Handle:
+    def __init__(self, target, side: str, label: str):
+        self.target, self.side, self.label = target, side, label
+        self.n = 0
+
+    def ready(self) -> dict:
+        return {"pid": len(self.target.started), "token_sha256": "same", "label": self.label}
+
+    def warm(self) -> None:
+        pass
+
+    def call(self) -> dict:
+        self.n += 1
+        return {"latency_s": self.target.latency(self.side, self.label, self.n), "probe_s": 1.0}
+
+    def stop(self) -> list[int]:
+        return []
+
+
+class Fake:
+    """Sides c0..cN whose calls take `speed[side]` seconds, times the host's drift (a slow climb over the run) and a
+    small wobble; `noisy` sides move by `swing` between their starts; `fail` labels fail to start; `kill_at` stops
+    the whole run (as a SIGKILL of the walk would) at that start."""
+
+    errors = (RuntimeError,)
+
+    def __init__(self, speed: dict, noisy=(), swing=0.3, fail=(), kill_at=None):
+        self.speed, self.noisy, self.swing, self.fail, self.kill_at = speed, set(noisy), swing, set(fail), kill_at
+        self.started: list[str] = []
+
+    def start(self, side: str, label: str) -> Handle:
+        if self.kill_at is not None and len(self.started) == self.kill_at:
+            raise KeyboardInterrupt
+        self.started.append(label)
+        if label in self.fail:
+            raise RuntimeError(f"engine for {label} killed by SIGKILL before answering")
+        return Handle(self, side, label)
+
+    def latency(self, side: str, label: str, n: int) -> float:
+        drift = 1.0 + 0.002 * len(self.started)  # the host slows as the run goes on
+        wobble = 1.0 + 0.002 * ((n * 7) % 5 - 2)
+        swing = 1.0
+        if side in self.noisy:
+            swing = 1.0 + self.swing if len(self.started) % 2 else 1.0 - self.swing
+        return self.speed[side] * drift * wobble * swing
+
+
+def run(target, keys, **kw):
+    args = dict(rounds=8, warmup_calls=1, budget_s=3600.0, level=LEVEL, min_effect=0.05, floor=0.02, out=lambda _: None)
+    return chain.measure(target, keys, **{**args, **kw})
+
+
+def test_passes_go_forward_then_back_and_each_pair_gets_the_adjacent_starts():
+    keys = ["c0", "c1", "c2", "c3"]
+    fake = Fake({k: 1.0 for k in keys})
+    design = run(fake, keys, first_passes=2, max_looks=1)
+    assert fake.started == [
+        "warm-c0", "warm-c1", "warm-c2", "warm-c3",
+        "pass00-c0", "pass00-c1", "pass00-c2", "pass00-c3",
+        "pass01-c3", "pass01-c2", "pass01-c1", "pass01-c0",
+    ]  # fmt: skip
+    blocks = design.pairs["c2"].blocks
+    assert [(b.starts["A"]["label"], b.starts["B"]["label"]) for b in blocks] == [
+        ("pass00-c1", "pass00-c2"),
+        ("pass01-c1", "pass01-c2"),
+    ]
+    assert design.all_starts == 12 and design.counted_starts == 8 and design.passes == 2
+
+
+def test_a_slowdown_is_named_at_its_commit_only_with_fewer_starts_than_pairs_would_take():
+    keys = [f"c{i}" for i in range(7)]
+    speed = {k: 1.0 if i < 3 else 1.08 for i, k in enumerate(keys)}  # c3 is 8% slower than c2
+    fake = Fake(speed)
+    design = run(fake, keys)
+    words = {k: design.pairs[k].decision.word for k in keys[1:]}
+    assert words == {"c1": stats.NO_CHANGE, "c2": stats.NO_CHANGE, "c3": stats.SLOWER, "c4": stats.NO_CHANGE,
+                     "c5": stats.NO_CHANGE, "c6": stats.NO_CHANGE}  # fmt: skip
+    assert 1.07 < design.pairs["c3"].ratio.ratio < 1.09
+    # Six walked commits: 7 warm + 6 passes x 7 = 49 starts; the per-pair design's first look is 6 x (2 + 12) = 84.
+    assert design.all_starts == chain.least_starts(6) == 49
+    assert design.all_starts <= 0.6 * 6 * (2 + 2 * chain.ALTERNATE_FIRST_BLOCKS)
+
+
+def test_only_undecided_pairs_get_more_passes_over_the_shortest_run_covering_them():
+    keys = ["c0", "c1", "c2", "c3", "c4"]
+    fake = Fake({k: 1.0 for k in keys}, noisy={"c3"}, swing=0.08)
+    design = run(fake, keys, max_looks=2)
+    first = len(keys) * (1 + chain.ALTERNATE_FIRST_BLOCKS)
+    later = fake.started[first:]
+    assert later and {label.split("-")[1] for label in later} == {"c2", "c3", "c4"}  # c3's two pairs, nothing else
+    assert len(later) == 3 * chain.ALTERNATE_FIRST_BLOCKS  # the blocks of the undecided pairs doubled
+    assert len(design.pairs["c1"].blocks) == chain.ALTERNATE_FIRST_BLOCKS
+    assert len(design.pairs["c3"].blocks) == len(design.pairs["c4"].blocks) == 2 * chain.ALTERNATE_FIRST_BLOCKS
+    for k in ("c3", "c4"):
+        assert design.pairs[k].decision.word == stats.UNDECIDED
+        assert design.pairs[k].reason == "2 looks taken, the most allowed"
+
+
+def test_a_failed_start_loses_its_two_pairs_with_the_cause_and_the_rest_are_decided():
+    keys = ["c0", "c1", "c2", "c3"]
+    fake = Fake({k: 1.0 for k in keys}, fail={"pass01-c2"})
+    design = run(fake, keys)
+    for k in ("c2", "c3"):
+        assert design.pairs[k].lost
+        assert design.pairs[k].reason == (
+            "pass 2: c2's start failed: engine for pass01-c2 killed by SIGKILL before answering"
+        )
+    assert not design.pairs["c1"].lost and design.pairs["c1"].decision.word == stats.NO_CHANGE
+    assert "pass02-c2" not in fake.started and "pass02-c3" not in fake.started  # no more passes for lost pairs
+
+
+def test_a_run_killed_in_the_middle_of_a_pass_resumes_at_the_next_start():
+    keys = ["c0", "c1", "c2", "c3"]
+    speed = {"c0": 1.0, "c1": 1.0, "c2": 1.1, "c3": 1.1}
+    whole = run(Fake(speed), keys)
+    recorded: list[chain.Start] = []
+    with pytest.raises(KeyboardInterrupt):
+        run(Fake(speed, kill_at=10), keys, record=recorded.append)  # 4 warm, pass 1, 2 starts of pass 2
+    assert [(s.pass_index, s.position) for s in recorded][-2:] == [(1, 0), (1, 1)]
+    again = Fake(speed)
+    resumed = run(again, keys, done=[chain.Start.from_json(s.to_json()) for s in recorded])
+    assert again.started[0] == "pass01-c1"  # the third start of the second pass (backward: c3 c2 c1 c0)
+    assert len(recorded) + len(again.started) == len(whole.starts)
+    assert {k: p.decision.word for k, p in resumed.pairs.items()} == {
+        k: p.decision.word for k, p in whole.pairs.items()
+    }
+
+
+def test_the_plan_counts_of_a_design():
+    assert chain.least_starts(6) == 49 and chain.most_starts(6) == 7 * (1 + 6 * 8)
+    assert chain.covering(["a", "b", "c", "d", "e"], [1, 3]) == ["b", "c", "d", "e"]
+    assert chain.pass_order(["a", "b", "c"], 1) == ["c", "b", "a"]
+
+
+def test_a_design_of_series_names_the_slow_commit_and_resumes_from_its_journal(tmp_path, monkeypatch):
+    """decode.pair.design_series with engines that stand in for vLLM (tests/fake_live.py, 10% slower where the
+    model file holds the swap): the commit that adds the swap is slower by its size, the others no change; run again
+    with the same journal, it starts nothing and decides the same."""
+    import os
+    import sys
+    from pathlib import Path
+
+    tests = Path(__file__).resolve().parent
+    sys.path.insert(0, str(tests))
+    import fakedist
+
+    from b70bench import patches
+    from b70bench.decode import pair
+
+    (tmp_path / "wheel").mkdir()
+    site = fakedist.install(fakedist.build_wheel(tmp_path / "wheel"), tmp_path / "site")
+    env = patches.Env(tmp_path / "prefix", (str(site),))
+    empty, slow = tmp_path / "empty", tmp_path / "slow"
+    empty.mkdir()
+    (empty / "series").write_text("")
+    model = fakedist.MODEL
+    fakedist.write_patch(slow, "01-swap.patch", "dist:fakevllm==0.32.0", model, model.replace("q + k", "k + q"),
+                         "fakevllm/models/minimax_m2.py")  # fmt: skip
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tests), str(site)]))
+
+    class FakeLive(pair.Engine):
+        module = "fake_live"
+
+    class NoStart(pair.Engine):
+        def __init__(self, *a, **kw):
+            raise AssertionError("a start the journal holds was started again")
+
+    dirs = {"c0": empty, "c1": empty, "c2": slow, "c3": slow}
+    kw = dict(spec={"output_len": 128}, budget_s=600.0, level=LEVEL, rounds=6, out=lambda _: None,
+              journal=tmp_path / "journal.jsonl")  # fmt: skip
+    res = pair.design_series(dirs, env, tmp_path / "out", engine_cls=FakeLive, **kw)
+    assert {k: r["verdict"] for k, r in res.items()} == {"c1": "no change", "c2": "slower", "c3": "no change"}
+    assert 1.09 < res["c2"]["ratio"] < 1.11 and res["c2"]["parent"] == "c1"
+    assert res["c2"]["design"]["starts"] == chain.least_starts(3) == 28
+    again = pair.design_series(dirs, env, tmp_path / "out2", engine_cls=NoStart, **kw)
+    assert {k: (r["verdict"], r["ratio"]) for k, r in again.items()} == {
+        k: (r["verdict"], r["ratio"]) for k, r in res.items()
+    }
+
+
+def test_the_plan_of_a_design_beside_the_per_pair_walk(tmp_path, monkeypatch):
+    """revisions --design --plan: the starts of a design over ten commits on a rig stack, at least and at most, beside
+    the per-pair walk's (14 a commit at least), and the minutes at the stack's stated costs."""
+    from b70bench import walkdesign
+    from b70bench.stack import description
+
+    for name in ("B70BENCH_DECODE_SHAPES", "B70BENCH_DECODE_BUDGET_MIN", "B70BENCH_DECODE_ROUNDS"):
+        monkeypatch.delenv(name, raising=False)
+    (tmp_path / "m27").mkdir()
+    rig = tmp_path / "rig.toml"
+    rig.write_text('model = "./m27"\ntp = 4\nbackend = "xpu"\nmemory_fraction = 0.9\nshapes = ["p512n1536"]\n'
+                   "start_s = 300\ncall_s = 17\n")  # fmt: skip
+    lines = walkdesign.plan_lines(description.load(rig), 10)
+    assert lines[0].startswith("design: 11 commits (the base and 10 walked), one engine at a time"), lines
+    assert "shapes p512n1536" in lines[0] and "first look after 6 passes" in lines[0]
+    assert lines[1] == "  starts a shape: at least 77, at most 539; per pair: at least 140, at most 980 (55% at least)"
+    assert lines[2].startswith("  minutes a shape at the stack's start 300 s and call 17 s: at least ")
