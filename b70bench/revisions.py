@@ -468,7 +468,8 @@ def run(args) -> int:
         return 0
     ensure_machine(walker.repo, machine)
     if args.design:
-        folder = results / machine / "b70bench-design"
+        # Beside asv's results, not in them: asv publish reads every folder under its results as a machine's.
+        folder = Path(results).parent / "b70bench-design" / machine
         walkdesign.measure(walker.repo, commits, stack, walker.env, python, folder)
         os.environ[chain.DESIGN_ENV] = str(folder)  # the decode adapter reads each commit's result there
     rows = walk(walker, commits, [*asv_args, "--machine", machine], record=record)

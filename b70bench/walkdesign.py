@@ -19,6 +19,7 @@ from b70bench.errors import UsageError
 from b70bench.history import export_patches, git
 from b70bench.paired import chain, sides, stopping
 from b70bench.paired import placement as placements
+from b70bench.paired.blocks import SIDES
 from b70bench.stack import description, shapes
 
 
@@ -52,17 +53,25 @@ def plan_lines(stack: description.Stack, commits: int) -> list[str]:
     """Starts (and minutes, where the stack states what a start and a call cost) of the design beside the per-pair
     walk's, at least (every pair decided at the first look) and at most (every look taken)."""
     s = settings_for(stack, commits)
+    where, _why = placements.choose(placements.AUTO, s["backend"], stack)
     first = stopping.first_look_blocks(stopping.WALK_FIRST_BLOCKS, placements.ALTERNATE)
-    per_pair_least = commits * stopping.least_starts(stopping.WALK_FIRST_BLOCKS, placements.ALTERNATE)
-    per_pair_most = commits * (2 + 2 * first * 2 ** (stopping.MAX_LOOKS - 1))
+    pair_first = stopping.first_look_blocks(stopping.WALK_FIRST_BLOCKS, where)
+    per_pair_least = commits * stopping.least_starts(stopping.WALK_FIRST_BLOCKS, where)
+    warm = len(SIDES) if where == placements.ALTERNATE else 0
+    per_pair_most = commits * (warm + len(SIDES) * pair_first * 2 ** (stopping.MAX_LOOKS - 1))
     least, most = chain.least_starts(commits, first), chain.most_starts(commits, first)
     lines = [
         f"design: {commits + 1} commits (the base and {commits} walked), one engine at a time, each started once a "
         f"pass, forward then back; {s['rounds']} timed calls a start; first look after {first} passes; budget "
         f"{s['budget_min']:g} min a shape ({s['budget_source']}); shapes {' '.join(s['shapes'])}",
-        f"  starts a shape: at least {least}, at most {most}; per pair: at least {per_pair_least}, at most "
-        f"{per_pair_most} ({least / per_pair_least:.0%} at least)",
+        f"  starts a shape: at least {least}, at most {most}; per pair ({where} here): at least {per_pair_least}, "
+        f"at most {per_pair_most} ({least / per_pair_least:.0%} at least)",
     ]
+    if where == placements.TOGETHER:
+        lines.append(
+            "  two engines fit here: a per-pair walk runs them together, with fewer starts than a design, which "
+            "runs one at a time; the design is for stacks placed alternate"
+        )
     if stack.start_s and stack.call_s is not None:
         calls = s["rounds"] + decode_pair.DEFAULT_WARMUP_CALLS
         per_start = stack.start_s + calls * stack.call_s

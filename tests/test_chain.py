@@ -207,5 +207,8 @@ def test_the_plan_of_a_design_beside_the_per_pair_walk(tmp_path, monkeypatch):
     lines = walkdesign.plan_lines(description.load(rig), 10)
     assert lines[0].startswith("design: 11 commits (the base and 10 walked), one engine at a time"), lines
     assert "shapes p512n1536" in lines[0] and "first look after 6 passes" in lines[0]
-    assert lines[1] == "  starts a shape: at least 77, at most 539; per pair: at least 140, at most 980 (55% at least)"
+    assert lines[1] == (
+        "  starts a shape: at least 77, at most 539; per pair (alternate here): at least 140, at most 980 "
+        "(55% at least)"
+    )
     assert lines[2].startswith("  minutes a shape at the stack's start 300 s and call 17 s: at least ")

@@ -209,7 +209,7 @@ def measure(
 
     for i, side in enumerate(keys):
         got = one(side, WARM, i)
-        out(f"warm start {side}: " + (f"failed: {got.error}" if got.error else f"{got.wall_s:.0f} s"))
+        out(f"warm start {side[:12]}: " + (f"failed: {got.error}" if got.error else f"{got.wall_s:.0f} s"))
     pairs = list(range(len(keys) - 1))
     state: dict[int, Paired] = {}
     lost: dict[int, str] = {}
