@@ -82,6 +82,26 @@ def plan_lines(stack: description.Stack, commits: int) -> list[str]:
     return lines
 
 
+def usable(dirs: dict[str, Path], env: patches.Env, scratch: Path, out=print) -> dict[str, Path]:
+    """The commits whose series apply and whose trees build (built trees are cached, so the design's sides reuse
+    them): a commit that does not is left out, its child measured against the commit before it, as a per-pair walk
+    skips a broken parent; the walk records the build failed. A base that does not is refused in one line."""
+    kept = {}
+    for i, (key, series) in enumerate(dirs.items()):
+        try:
+            patches.overlay.build(series, env, scratch / key)
+        except UsageError as err:
+            if i == 0:
+                why = f"the design's base {key[:12]} cannot be used ({err})"
+                raise UsageError(f"{why}: start the range after it") from None
+            out(f"  {key[:10]}: left out of the design ({err})")
+            continue
+        kept[key] = series
+    if len(kept) < 2:
+        raise UsageError("no commit of the range builds: nothing to measure as a design")
+    return kept
+
+
 def measure(
     repo: Path, commits: list[str], stack: description.Stack, env: patches.Env, python: str, folder: Path, out=print
 ) -> None:
@@ -90,10 +110,12 @@ def measure(
     them and goes on from the next start."""
     s = settings_for(stack, len(commits))
     keys = [base_of(repo, commits[0]), *commits]
-    tag = hashlib.sha256(" ".join(keys).encode()).hexdigest()[:10]
     with tempfile.TemporaryDirectory(prefix="b70bench-design-") as tmp:
         dirs = {k: export_patches(repo, k, Path(tmp) / k / "patches") for k in keys}
         with patches.env_lock(env, f"b70bench revisions --design over {len(commits)} commits (overlays)"):
+            dirs = usable(dirs, env, Path(tmp) / "check", out)
+            keys = list(dirs)
+            tag = hashlib.sha256(" ".join(keys).encode()).hexdigest()[:10]
             for shape in s["shapes"]:
                 out(f"design {shape}: {keys[0][:10]} (base) and {len(commits)} commits")
                 results = decode_pair.design_series(

@@ -212,3 +212,30 @@ def test_the_plan_of_a_design_beside_the_per_pair_walk(tmp_path, monkeypatch):
         "(55% at least)"
     )
     assert lines[2].startswith("  minutes a shape at the stack's start 300 s and call 17 s: at least ")
+
+
+def test_a_commit_whose_series_does_not_apply_is_left_out_of_the_design(tmp_path):
+    """A broken commit in the range is left out (its child is measured against the commit before it, as a per-pair
+    walk skips a broken parent); a broken base is refused in one line."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import fakedist
+
+    from b70bench import patches, walkdesign
+    from b70bench.errors import UsageError
+
+    (tmp_path / "wheel").mkdir()
+    site = fakedist.install(fakedist.build_wheel(tmp_path / "wheel"), tmp_path / "site")
+    env = patches.Env(tmp_path / "prefix", (str(site),))
+    empty, stale = tmp_path / "empty", tmp_path / "stale"
+    empty.mkdir()
+    (empty / "series").write_text("")
+    fakedist.write_patch(stale, "03-stale.patch", "dist:fakevllm==0.32.0", "absent\n", "present\n",
+                         "fakevllm/models/minimax_m2.py")  # fmt: skip
+    said = []
+    kept = walkdesign.usable({"c0": empty, "c1": stale, "c2": empty}, env, tmp_path / "check", said.append)
+    assert list(kept) == ["c0", "c2"] and said and said[0].startswith("  c1: left out of the design (")
+    with pytest.raises(UsageError, match="the design's base c1 cannot be used"):
+        walkdesign.usable({"c1": stale, "c2": empty}, env, tmp_path / "check2", said.append)
