@@ -18,10 +18,10 @@ none); target.errors: the exceptions that fail one side (the block then fails wi
 from __future__ import annotations
 
 import time
+from typing import Protocol
 
 from b70bench.errors import UsageError
 from b70bench.paired.blocks import SIDES, Block
-from b70bench.stack.description import Stack
 
 TOGETHER, ALTERNATE, AUTO = "together", "alternate", "auto"
 PLACEMENTS = (AUTO, TOGETHER, ALTERNATE)
@@ -29,7 +29,14 @@ PLACEMENTS = (AUTO, TOGETHER, ALTERNATE)
 CODES = {TOGETHER: 0, ALTERNATE: 1}
 
 
-def choose(requested: str, backend: str, stack: Stack | None = None) -> tuple[str, str]:
+class Fits(Protocol):
+    """What `auto` asks of what a side runs (a stack: stack.description.Stack): whether two of its processes fit at
+    once on this backend, and why. The engine knows no stack beyond this."""
+
+    def two_fit(self, backend: str) -> tuple[bool, str]: ...
+
+
+def choose(requested: str, backend: str, stack: Fits | None = None) -> tuple[str, str]:
     """(placement, why): `auto` is together where two processes of the stack fit at once (Stack.two_fit: on the CPU
     the memory for two; on a GPU or XPU memory shares of the same devices that add up to one at most), alternate
     otherwise. Without a stack (moe-down's kernel processes): together on the CPU, alternate elsewhere."""
