@@ -82,14 +82,14 @@ def plan_lines(stack: description.Stack, commits: int) -> list[str]:
     return lines
 
 
-def usable(dirs: dict[str, Path], env: patches.Env, scratch: Path, out=print) -> dict[str, Path]:
+def usable(dirs: dict[str, Path], env: patches.Env, out=print) -> dict[str, Path]:
     """The commits whose series apply and whose trees build (built trees are cached, so the design's sides reuse
     them): a commit that does not is left out, its child measured against the commit before it, as a per-pair walk
     skips a broken parent; the walk records the build failed. A base that does not is refused in one line."""
     kept = {}
     for i, (key, series) in enumerate(dirs.items()):
         try:
-            patches.overlay.build(series, env, scratch / key)
+            sides.check_usable(series, env)
         except UsageError as err:
             if i == 0:
                 why = f"the design's base {key[:12]} cannot be used ({err})"
@@ -113,7 +113,7 @@ def measure(
     with tempfile.TemporaryDirectory(prefix="b70bench-design-") as tmp:
         dirs = {k: export_patches(repo, k, Path(tmp) / k / "patches") for k in keys}
         with patches.env_lock(env, f"b70bench revisions --design over {len(commits)} commits (overlays)"):
-            dirs = usable(dirs, env, Path(tmp) / "check", out)
+            dirs = usable(dirs, env, out)
             keys = list(dirs)
             tag = hashlib.sha256(" ".join(keys).encode()).hexdigest()[:10]
             for shape in s["shapes"]:

@@ -3,13 +3,34 @@ blocks, more passes only where undecided, a failed start, resume in the middle o
 
 from __future__ import annotations
 
+import os
+import sys
+from pathlib import Path
+
 import pytest
 
-from b70bench import stats
+from b70bench import patches, stats
 from b70bench.paired import chain
 from b70bench.paired.stopping import per_look_level
 
 LEVEL = per_look_level(0.95)
+TESTS = Path(__file__).resolve().parent
+sys.path.insert(0, str(TESTS))
+import fakedist  # noqa: E402
+
+MODEL_FILE = "fakevllm/models/minimax_m2.py"
+TARGET = "dist:fakevllm==0.32.0"
+
+
+@pytest.fixture
+def fake_vllm(tmp_path):
+    """A fake installed vLLM and an empty series (the installed vLLM as it is): (env, site, empty)."""
+    (tmp_path / "wheel").mkdir()
+    site = fakedist.install(fakedist.build_wheel(tmp_path / "wheel"), tmp_path / "site")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "series").write_text("")
+    return patches.Env(tmp_path / "prefix", (str(site),)), site, empty
 
 
 class Handle:
@@ -146,31 +167,17 @@ def test_the_plan_counts_of_a_design():
     assert chain.pass_order(["a", "b", "c"], 1) == ["c", "b", "a"]
 
 
-def test_a_design_of_series_names_the_slow_commit_and_resumes_from_its_journal(tmp_path, monkeypatch):
+def test_a_design_of_series_names_the_slow_commit_and_resumes_from_its_journal(tmp_path, monkeypatch, fake_vllm):
     """decode.pair.design_series with engines that stand in for vLLM (tests/fake_live.py, 10% slower where the
     model file holds the swap): the commit that adds the swap is slower by its size, the others no change; run again
     with the same journal, it starts nothing and decides the same."""
-    import os
-    import sys
-    from pathlib import Path
-
-    tests = Path(__file__).resolve().parent
-    sys.path.insert(0, str(tests))
-    import fakedist
-
-    from b70bench import patches
     from b70bench.decode import pair
 
-    (tmp_path / "wheel").mkdir()
-    site = fakedist.install(fakedist.build_wheel(tmp_path / "wheel"), tmp_path / "site")
-    env = patches.Env(tmp_path / "prefix", (str(site),))
-    empty, slow = tmp_path / "empty", tmp_path / "slow"
-    empty.mkdir()
-    (empty / "series").write_text("")
+    env, site, empty = fake_vllm
+    slow = tmp_path / "slow"
     model = fakedist.MODEL
-    fakedist.write_patch(slow, "01-swap.patch", "dist:fakevllm==0.32.0", model, model.replace("q + k", "k + q"),
-                         "fakevllm/models/minimax_m2.py")  # fmt: skip
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tests), str(site)]))
+    fakedist.write_patch(slow, "01-swap.patch", TARGET, model, model.replace("q + k", "k + q"), MODEL_FILE)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(TESTS), str(site)]))
 
     class FakeLive(pair.Engine):
         module = "fake_live"
@@ -214,28 +221,17 @@ def test_the_plan_of_a_design_beside_the_per_pair_walk(tmp_path, monkeypatch):
     assert lines[2].startswith("  minutes a shape at the stack's start 300 s and call 17 s: at least ")
 
 
-def test_a_commit_whose_series_does_not_apply_is_left_out_of_the_design(tmp_path):
+def test_a_commit_whose_series_does_not_apply_is_left_out_of_the_design(tmp_path, fake_vllm):
     """A broken commit in the range is left out (its child is measured against the commit before it, as a per-pair
     walk skips a broken parent); a broken base is refused in one line."""
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    import fakedist
-
-    from b70bench import patches, walkdesign
+    from b70bench import walkdesign
     from b70bench.errors import UsageError
 
-    (tmp_path / "wheel").mkdir()
-    site = fakedist.install(fakedist.build_wheel(tmp_path / "wheel"), tmp_path / "site")
-    env = patches.Env(tmp_path / "prefix", (str(site),))
-    empty, stale = tmp_path / "empty", tmp_path / "stale"
-    empty.mkdir()
-    (empty / "series").write_text("")
-    fakedist.write_patch(stale, "03-stale.patch", "dist:fakevllm==0.32.0", "absent\n", "present\n",
-                         "fakevllm/models/minimax_m2.py")  # fmt: skip
+    env, _site, empty = fake_vllm
+    stale = tmp_path / "stale"
+    fakedist.write_patch(stale, "03-stale.patch", TARGET, "absent\n", "present\n", MODEL_FILE)
     said = []
-    kept = walkdesign.usable({"c0": empty, "c1": stale, "c2": empty}, env, tmp_path / "check", said.append)
+    kept = walkdesign.usable({"c0": empty, "c1": stale, "c2": empty}, env, said.append)
     assert list(kept) == ["c0", "c2"] and said and said[0].startswith("  c1: left out of the design (")
     with pytest.raises(UsageError, match="the design's base c1 cannot be used"):
-        walkdesign.usable({"c1": stale, "c2": empty}, env, tmp_path / "check2", said.append)
+        walkdesign.usable({"c1": stale, "c2": empty}, env, said.append)

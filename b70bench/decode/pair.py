@@ -183,6 +183,15 @@ def engine_env(stack: Stack, backend: str, environ: dict | None = None) -> dict:
     return environment.engine_env(backend, base, None)
 
 
+def series_target(dirs, env, out_dir, cache_dir, settings, spec, stack: Stack, shape, backend, python, engine_cls):
+    """The engines' target over series directories (one side each, its overlay and compile cache): what
+    compare_series pairs and design_series walks."""
+    sides_ = sides.build_sides(dirs, env, out_dir, cache_dir, settings)
+    spec = dict(spec) if spec is not None else stack.engine_spec(shape)
+    return Target(sides_, spec, engine_env(stack, backend), out_dir, stack=stack, backend=backend, python=python,
+                  engine_cls=engine_cls)  # fmt: skip
+
+
 def compare_series(
     dirs: dict[str, Path],
     env: patches.Env,
@@ -214,18 +223,8 @@ def compare_series(
     stack = stack or description.default()
     where, why = placements.choose(placement, backend, side_settings.placement_stack(stack, settings or {}))
     out(f"placement: {where} ({why})")
-    sides_ = sides.build_sides(dirs, env, out_dir, cache_dir, settings)
-    spec = dict(spec) if spec is not None else stack.engine_spec(shape)
-    target = Target(
-        sides_,
-        spec,
-        engine_env(stack, backend),
-        out_dir,
-        stack=stack,
-        backend=backend,
-        python=python,
-        engine_cls=engine_cls,
-    )
+    target = series_target(dirs, env, out_dir, cache_dir, settings, spec, stack, shape, backend, python, engine_cls)
+    sides_, spec = target.sides, target.spec
     tokens = spec.get("batch", 1) * spec.get("output_len", 1)
 
     result = stopping.measure_target(
@@ -272,10 +271,8 @@ def design_series(
     when the same design runs again (resume)."""
     stack = stack or description.default()
     keys = list(dirs)
-    sides_ = sides.build_sides(dirs, env, out_dir, cache_dir)
-    spec = dict(spec) if spec is not None else stack.engine_spec(shape)
-    target = Target(sides_, spec, engine_env(stack, backend), out_dir, stack=stack, backend=backend, python=python,
-                    engine_cls=engine_cls)  # fmt: skip
+    target = series_target(dirs, env, out_dir, cache_dir, None, spec, stack, shape, backend, python, engine_cls)
+    spec = target.spec
     design = chain.measure(
         target,
         keys,

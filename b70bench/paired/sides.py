@@ -86,6 +86,16 @@ def build_sides(
     return sides
 
 
+def check_usable(series_dir: Path, env: patches.Env) -> None:
+    """A UsageError where a series' dist patches do not apply to the installed vLLM or its source trees do not build
+    (builds are cached, so the side built from it later reuses them)."""
+    ps = patches.load(series_dir, allow_missing=True)
+    dist = patches.PatchSet(ps.directory, [p for p in ps.patches if p.target.kind == "dist"])
+    patches.plan(dist, env, read=patches.overlay.installed_reader(env))
+    for tree, (command, group) in patches.trees.by_tree(ps.patches).items():
+        patches.trees.build(tree, group, command)
+
+
 def against_parent(repo: Path, commit: str, env: patches.Env, out_dir: Path, measure, **kw) -> dict:
     """measure(dirs, env, out_dir, **kw) of a commit's series (B) against its parent's (A): the walk's verdict per
     commit (measure: decode.pair.compare_series or serve.pair.compare_series).
@@ -109,11 +119,7 @@ def against_parent(repo: Path, commit: str, env: patches.Env, out_dir: Path, mea
                 ) from None
             dirs["A"] = history.export_patches(repo, parent, Path(tmp) / f"A-{parent[:12]}")
             try:
-                ps = patches.load(dirs["A"], allow_missing=True)
-                dist = patches.PatchSet(ps.directory, [p for p in ps.patches if p.target.kind == "dist"])
-                patches.plan(dist, env, read=patches.overlay.installed_reader(env))
-                for tree, (command, group) in patches.trees.by_tree(ps.patches).items():
-                    patches.trees.build(tree, group, command)  # cached; a parent whose build fails is skipped
+                check_usable(dirs["A"], env)
                 break
             except UsageError:
                 skipped.append(parent)
