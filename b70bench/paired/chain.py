@@ -26,7 +26,7 @@ from pathlib import Path
 from b70bench import stats
 from b70bench.paired import placement as placements
 from b70bench.paired.blocks import Block, decide
-from b70bench.paired.stopping import ALTERNATE_FIRST_BLOCKS, MAX_LOOKS, Paired, per_look_level
+from b70bench.paired.stopping import ALTERNATE_FIRST_BLOCKS, MAX_LOOKS, Paired
 
 WARM = -1  # pass_index of a commit's uncounted warm start
 # Where `revisions --design` tells the decode adapter the design's results are (result_path under it).
@@ -185,8 +185,8 @@ def measure(
     clock=time.monotonic,
 ) -> Design:
     """Measure every commit of `keys` (walk order, the first the base) against the one before it, as one design.
-    `level` is each look's (per_look_level gives it for an overall level); target as paired.placement's. The budget
-    counts the replayed starts' seconds too, so a resumed run stops where the first would have."""
+    `level` is each look's (stopping.per_look_level gives it for an overall level); target as paired.placement's.
+    The budget counts the replayed starts' seconds too, so a resumed run stops where the first would have."""
     if len(keys) < 2:
         raise ValueError("a design needs two commits at least (the base and one walked commit)")
     t0 = clock()
@@ -277,7 +277,6 @@ __all__ = [
     "measure",
     "most_starts",
     "pass_order",
-    "per_look_level",
     "read_journal",
     "result_path",
 ]
