@@ -61,11 +61,10 @@ MOE_FIGURE = "bench_moe_down.MoeDown.track_time"
 # slowdown products, 8 kept that margin when the walk's decode slowdown was 32 64x64 products a step.
 RUNNER_REPS = 8
 # In-graph products per decoder layer and step for the slowdown commit, and their size: the slowdown of at most
-# 10% the walk must name. Each 16x16 product costs ~1% of a step on the 2-core VM plus ~1.5% for the work's
-# set-up. At the walk's settings under the hog six (~5-9%) were named in 3 of 4 paired compares, seven in 0 of
-# 1 (1.055, its blocks disagreeing), eight (1.08-1.11) in 4 of 4 (docs/patch-sets-and-asv.md). Two or three
-# 64x64 products read 1.14-1.19.
-GRAPH_REPS = 8
+# 10% the walk must name. With the work's result written to a buffer (synthetic.with_graph_work), each 16x16
+# product costs about half a percent of a step on the 2-core VMs: eight read ~4.6%, too close to the walk's 5% to be
+# named in two blocks, sixteen ~8%, twenty ~8-10% (named in two blocks with a hog beside them).
+GRAPH_REPS = 20
 GRAPH_SIZE = 16
 # Minutes of paired measurement per commit at most (no block starts after them; decided verdicts stop earlier),
 # and rounds a block: blocks of 64 rounds let the first look's three blocks start within 4 minutes on a slow host,

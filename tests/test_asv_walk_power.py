@@ -30,9 +30,9 @@ from test_asv_walk import SPEED_FIGURES, asv_conf, copy_project, git, keep_evide
 from b70bench.patches import synthetic
 
 SIZE = 16
-# Products per layer and step each commit adds: ~1% of a step each on the 2-core VM, plus ~1.5% for the
-# work's set-up (tests/test_asv_walk.py).
-SMALL, MEDIUM, LARGE = 2, 4, 7
+# Products per layer and step each commit adds: about half a percent of a step each on the 2-core VMs
+# (tests/test_asv_walk.py).
+SMALL, MEDIUM, LARGE = 6, 11, 18
 
 pytestmark = [
     pytest.mark.slow,
