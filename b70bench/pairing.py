@@ -14,15 +14,15 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from b70bench import device, patches, stats
+from b70bench import device, patches, sides, stats
 from b70bench import side_settings as side_flags
 from b70bench.decode import pair
 from b70bench.errors import UsageError
 from b70bench.paired import placement as placements
-from b70bench.paired import sides, stopping
+from b70bench.paired import stopping
 from b70bench.paired.blocks import SIDES, Settings, Side
 from b70bench.serve import server
-from b70bench.stack import description, environment, shapes
+from b70bench.stack import description, launch, shapes
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -117,11 +117,11 @@ def plan_lines(args, stack: description.Stack, dev, where: str, why: str, settin
             f"memory share {spec['memory_fraction'] or 'default'}, "
             f"engine args {spec['engine_args'] or '-'}; start timeout {stack.start_timeout_s:g} s"
         )
-        base = pair.engine_env(stack, backend)
+        base = launch.run_env(stack, backend, paired=True)
         for s in SIDES:
             own = (settings or {}).get(s) or Settings()
             side = Side(s, Path(f"<out>/overlay-{s}"), sides.paired_cache_dir() / f"vllm-cache-{s}", own)
-            env = sides.side_env(environment.child_env(base, side.cache_root, stack.embedded, None), side, backend)
+            env = sides.side_env(launch.start_env(base, side.cache_root, stack.embedded), side, backend)
             # What differs from this shell's environment (PYTHONPATH: the side's overlay, then this checkout).
             shown = {k: v for k, v in sorted(env.items()) if k != "PYTHONPATH" and os.environ.get(k) != v}
             lines.append(

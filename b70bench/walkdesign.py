@@ -13,11 +13,11 @@ import os
 import tempfile
 from pathlib import Path
 
-from b70bench import patches, records
+from b70bench import patches, records, sides
 from b70bench.decode import pair as decode_pair
 from b70bench.errors import UsageError
 from b70bench.history import export_patches, git
-from b70bench.paired import chain, sides, stopping
+from b70bench.paired import chain, stopping
 from b70bench.paired import placement as placements
 from b70bench.paired.blocks import SIDES
 from b70bench.stack import description, shapes

@@ -23,12 +23,12 @@ names a backend this environment lacks is skipped with that reason.
 
 import os
 
-from b70bench import cachekey, decode
+from b70bench import cachekey, decode, sides
 from b70bench.decode import pair
 from b70bench.decode import suite as decode_suite
 from b70bench.errors import UsageError
 from b70bench.fingerprint import fingerprint
-from b70bench.paired import sides, stopping
+from b70bench.paired import stopping
 from b70bench.stack import description, shapes
 from b70bench.stack import model as decode_model
 
@@ -89,7 +89,7 @@ def _rounds(stack=None, backend: str = "cpu") -> int:
 
 
 def _paired_summary(shape: str, dev, stack) -> dict:
-    """One shape of this commit against its parent (paired.sides.against_parent) as the figures asv tracks."""
+    """One shape of this commit against its parent (sides.against_parent) as the figures asv tracks."""
     commit = walked_commit()
     out_dir = decode_model.cache_root() / "asv-paired" / commit[:12] / shape
     res = design_result(commit, shape) or against_base(

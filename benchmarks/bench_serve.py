@@ -20,8 +20,8 @@ measures separate starts instead, as above. B70BENCH_STACK names the stack file 
 
 import os
 
-from b70bench import serve, stats
-from b70bench.paired import sides, stopping
+from b70bench import serve, sides, stats
+from b70bench.paired import stopping
 from b70bench.serve import cli as serve_cli
 from b70bench.serve import pair as serve_pair
 from b70bench.serve import suite as serve_suite
@@ -71,7 +71,7 @@ def _budget_s() -> float:
 
 
 def _paired_level(concurrency: int, backend: str, stack) -> dict:
-    """One level of this commit against its parent (paired.sides.against_parent with serve's pairing), as the
+    """One level of this commit against its parent (sides.against_parent with serve's pairing), as the
     figures asv tracks: per block, this commit's median E2E and its B/A to the parent."""
     commit = walked_commit()
     res = against_base(

@@ -122,9 +122,8 @@ def walked_commit() -> str | None:
 
 def against_base(commit: str, out_dir: Path, measure, **kw) -> dict:
     """One paired verdict of the walked commit: against its parent, or, where the walk's sides differ by settings
-    (`revisions --b-env ...`), against itself with A's settings (paired.sides)."""
-    from b70bench import patches, side_settings
-    from b70bench.paired import sides
+    (`revisions --b-env ...`), against itself with A's settings (b70bench.sides)."""
+    from b70bench import patches, side_settings, sides
 
     try:
         settings = side_settings.from_env()

@@ -10,7 +10,7 @@ HOG_AFTER_S into every compare and stops it by PID HOG_FOR_S later: drift inject
 Every compare is a real `decode.pair.compare_series` on this interpreter's environment (nothing is applied
 to it). Prints one row per compare: verdict, ratio and interval, blocks, calls, minutes, whether the hog ran.
 `--walk` decides as the asv walk does (its level and first look). `--pins last none` runs each compare once
-per engine placement (B70BENCH_PAIR_CPUS, pair.engine_cpus), in turn.
+per engine placement (B70BENCH_PAIR_CPUS, launch.engine_cpus), in turn.
 
     python scripts/decode_mde.py --pairs same noop graph:1 graph:2 --repeats 2 --budget 10 --hog --json mde.json
 
@@ -31,12 +31,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from b70bench import patches, stats  # noqa: E402
+from b70bench import patches, sides, stats  # noqa: E402
 from b70bench.decode import pair as pairing  # noqa: E402
 from b70bench.hog import Hog  # noqa: E402
-from b70bench.paired import placement, sides, stopping  # noqa: E402
+from b70bench.paired import placement, stopping  # noqa: E402
 from b70bench.patches import synthetic  # noqa: E402
-from b70bench.stack import process  # noqa: E402
+from b70bench.stack import launch, process  # noqa: E402
 
 HOG_AFTER_S, HOG_FOR_S = 60.0, 120.0
 
@@ -61,7 +61,7 @@ def series_for(pair: str, tmp: Path, text: str) -> Path:
 
 
 def pair_cpus() -> str:
-    return pairing.engine_cpus(dict(os.environ)) or "none"
+    return launch.engine_cpus(dict(os.environ)) or "none"
 
 
 def main() -> int:

@@ -14,7 +14,7 @@ History (each commit's patches/series stacked on the previous; b70bench.patches.
                    the isolated call does not run) gains RUNNER_REPS 128x128 products per layer and step
 
 Decode is walked the documented way: each commit against its parent, both engines alive together and
-calls alternating (paired.sides.against_parent, in the asv adapter), blocks until decided or the per-commit
+calls alternating (sides.against_parent, in the asv adapter), blocks until decided or the per-commit
 budget (WALK_BUDGET_MIN) is spent, WALK_ROUNDS rounds a block. noop gets one unpaired start and only its
 compile-cache figures (the pin every later key is read against, as `make bench` on the first commit would leave
 it): cache-key is the walk's no-op for speed, and a second paired no-op would cost CI ~6 minutes. The broken

@@ -52,11 +52,12 @@ def test_serve_adapter_samples_per_start_and_level(monkeypatch):
 
 
 def test_walking_commits_pairs_each_level_with_the_parent(monkeypatch, tmp_path):
-    """In an asv walk each level is paired.sides.against_parent with serve's pairing: per block, this
+    """In an asv walk each level is sides.against_parent with serve's pairing: per block, this
     commit's E2E and its B/A; a gate that failed withholds the speed samples but keeps the minutes."""
     from types import SimpleNamespace
 
-    from b70bench.paired import sides, stopping
+    from b70bench import sides
+    from b70bench.paired import stopping
     from b70bench.serve import pair as serve_pair
     from benchmarks import bench_serve, common
 
@@ -110,14 +111,13 @@ def test_walking_commits_pairs_each_level_with_the_parent(monkeypatch, tmp_path)
 
 def test_a_walk_whose_sides_differ_by_settings_measures_each_commit_against_itself(monkeypatch, tmp_path):
     """`revisions --b-env FLAG=1` sweeps a flag over the commits: each adapter measures the walked commit with B's
-    settings against the same commit with A's (paired.sides.against_self, both sides its series), and the page's
+    settings against the same commit with A's (sides.against_self, both sides its series), and the page's
     stack parameter names what differs, so those figures never share a series with the walk against parents."""
     from types import SimpleNamespace
 
     from gitrepo import git
 
-    from b70bench import side_settings
-    from b70bench.paired import sides
+    from b70bench import side_settings, sides
     from b70bench.paired.blocks import Settings
     from benchmarks import common
 

@@ -28,7 +28,7 @@ from b70bench.decode import pair  # noqa: E402
 from b70bench.errors import UsageError  # noqa: E402
 from b70bench.paired import placement, stopping  # noqa: E402
 from b70bench.paired.blocks import SIDES, Block, Side  # noqa: E402
-from b70bench.stack import description, process
+from b70bench.stack import description, launch, process
 
 TESTS = Path(__file__).resolve().parent
 REL = "fakevllm/models/minimax_m2.py"
@@ -346,14 +346,14 @@ def test_two_blocks_name_a_large_slowdown_and_no_identical_pair():
 
 def test_pinned_cores_are_read_once_and_a_bad_value_names_the_fix():
     cores = sorted(os.sched_getaffinity(0))
-    assert pair.engine_cpus({"B70BENCH_PAIR_CPUS": "none"}) is None
-    assert pair.engine_cpus({}) == pair.engine_cpus({"B70BENCH_PAIR_CPUS": "last"}) == str(cores[-1])
+    assert launch.engine_cpus({"B70BENCH_PAIR_CPUS": "none"}) is None
+    assert launch.engine_cpus({}) == launch.engine_cpus({"B70BENCH_PAIR_CPUS": "last"}) == str(cores[-1])
     listed = ",".join(map(str, reversed(cores)))  # sorted and deduplicated, whatever order it came in
-    assert pair.engine_cpus({"B70BENCH_PAIR_CPUS": f" {listed},{cores[0]} "}) == ",".join(map(str, cores))
+    assert launch.engine_cpus({"B70BENCH_PAIR_CPUS": f" {listed},{cores[0]} "}) == ",".join(map(str, cores))
     with pytest.raises(UsageError, match="set last, none or core numbers"):
-        pair.engine_cpus({"B70BENCH_PAIR_CPUS": "lastt"})
+        launch.engine_cpus({"B70BENCH_PAIR_CPUS": "lastt"})
     with pytest.raises(UsageError, match="may run on cores"):
-        pair.engine_cpus({"B70BENCH_PAIR_CPUS": str(max(cores) + 64)})
+        launch.engine_cpus({"B70BENCH_PAIR_CPUS": str(max(cores) + 64)})
 
 
 def test_alternate_starts_stay_quiet_on_identical_sides_and_name_large_slowdowns():
@@ -386,15 +386,15 @@ def test_b_whose_tokens_differ_from_a_is_withheld_pinned_or_not(tmp_path):
 
     key = {"gate_version": gate.GATE_VERSION, "model": "m", "backend": "cpu:x", "vllm": "0", "dtype": "bf16", "tp": 1}
     pins = tmp_path / "gates.json"
-    same = paired_gates(blocks("aa", "aa"), key, pins)
+    same = paired_gates(blocks("aa", "aa"), gate.check(key, pins))
     assert same["A"]["gate"] is None and same["B"]["gate"] is None and same["B"]["gate_reason"] is None
-    moved = paired_gates(blocks("aa", "bb"), key, pins)
+    moved = paired_gates(blocks("aa", "bb"), gate.check(key, pins))
     assert moved["A"]["gate"] is None and moved["B"]["gate"] == 1
     assert moved["B"]["gate_reason"] == "tokens differ from A's on the gate's prompts"
     gate.accept({**key, "quantization": None}, "aa", pins)
-    pinned = paired_gates(blocks("aa", "bb"), {**key, "quantization": None}, pins)
+    pinned = paired_gates(blocks("aa", "bb"), gate.check({**key, "quantization": None}, pins))
     assert pinned["A"]["gate"] == 0 and pinned["B"]["gate"] == 1
-    assert paired_gates(blocks("bb", "bb"), {**key, "quantization": None}, pins)["A"]["gate"] == 1
+    assert paired_gates(blocks("bb", "bb"), gate.check({**key, "quantization": None}, pins))["A"]["gate"] == 1
 
 
 def test_tokens_that_vary_between_starts_are_compared_prompt_by_prompt(tmp_path):
@@ -402,6 +402,7 @@ def test_tokens_that_vary_between_starts_are_compared_prompt_by_prompt(tmp_path)
     varying; a numerics change that moves one prompt in every start of B fails, naming the prompt and the token."""
     from b70bench.paired.blocks import Block
     from b70bench.paired.report import paired_gates
+    from b70bench.stack import gate
 
     base = [[1, 2, 3, 4], [5, 6, 7, 8], [9, 10, 11, 12]]
     turned = [base[0], base[1], [9, 10, 99, 98]]  # prompt 3 turns at its third token in some starts
@@ -413,13 +414,13 @@ def test_tokens_that_vary_between_starts_are_compared_prompt_by_prompt(tmp_path)
                 for i, (a, b) in enumerate(zip(a_outs, b_outs, strict=True))]  # fmt: skip
 
     key = {"model": "m", "backend": "cpu:x", "vllm": "0", "dtype": "bf16", "tp": 1}
-    vary = paired_gates(blocks([base, turned, base], [turned, base, turned]), key, tmp_path / "gates.json")
+    vary = paired_gates(blocks([base, turned, base], [turned, base, turned]), gate.check(key, tmp_path / "gates.json"))
     assert vary["B"]["gate"] is None and vary["B"]["gate_reason"] is None
     assert vary["A"]["varies"] and vary["B"]["varies"]
-    change = paired_gates(blocks([base, turned, base], [moved, moved, moved]), key, tmp_path / "gates.json")
+    change = paired_gates(blocks([base, turned, base], [moved, moved, moved]), gate.check(key, tmp_path / "gates.json"))
     assert change["B"]["gate"] == 1 and not change["B"]["varies"]
     assert change["B"]["gate_reason"] == "tokens differ from A's on the gate's prompts (2 of 3, from token 4)"
-    both = paired_gates(blocks([base] * 3, [turned] * 3), key, tmp_path / "gates.json")
+    both = paired_gates(blocks([base] * 3, [turned] * 3), gate.check(key, tmp_path / "gates.json"))
     assert both["B"]["gate_reason"] == "tokens differ from A's on the gate's prompts (3 of 3, from token 3)"
 
 
@@ -428,7 +429,7 @@ def test_sides_differ_by_settings_on_one_revision(tmp_path):
     variable from A alone); `compare` refuses a malformed setting in one line."""
     from b70bench import pairing
     from b70bench.paired.blocks import Settings
-    from b70bench.paired.sides import side_env
+    from b70bench.sides import side_env
 
     started = {}
 
@@ -507,7 +508,7 @@ def test_a_second_stack_file_is_a_side(tmp_path):
 def test_a_side_with_settings_gets_a_compile_cache_of_its_own(tmp_path):
     """vLLM keys its compile cache by source and its own variables: a flag read by a model file is in neither, so a
     graph compiled with the flag on would be loaded with it off. Sides with settings get caches of their own."""
-    from b70bench.paired import sides
+    from b70bench import sides
     from b70bench.paired.blocks import Settings
 
     series = tmp_path / "s"

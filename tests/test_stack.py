@@ -11,7 +11,7 @@ import pytest
 
 from b70bench.errors import UsageError
 from b70bench.paired import placement
-from b70bench.stack import description, gate
+from b70bench.stack import description, gate, launch
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -63,6 +63,35 @@ def test_a_rig_stack_reaches_the_engine_spec_and_environment(tmp_path):
     key = st.gate_key("xpu:Intel Arc Pro B70", "0.20.1")
     assert key["quantization"] == "auto-round" and key["tp"] == 4 and key["model"] == st.model
     assert "auto-round" in gate.describe(key)
+
+
+def test_one_builder_gives_each_kind_of_start_its_environment(tmp_path):
+    """launch.run_env: an offline engine, paired engines and a server differ only where they must, and what the
+    caller or the stack set wins over every default."""
+    cpu = description.default()
+    solo = launch.run_env(cpu, "cpu", environ={})
+    paired = launch.run_env(cpu, "cpu", paired=True, environ={"B70BENCH_PAIR_CPUS": "none"})
+    pinned = launch.run_env(cpu, "cpu", paired=True, environ={})
+    server = launch.run_env(cpu, "cpu", role=launch.SERVER, environ={})
+    # The engine core in the calling process for offline engines only; the fixed KV cache for two at a time.
+    assert solo["VLLM_ENABLE_V1_MULTIPROCESSING"] == paired["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in server and "VLLM_CPU_KVCACHE_SPACE" not in solo
+    assert paired["VLLM_CPU_KVCACHE_SPACE"] == server["VLLM_CPU_KVCACHE_SPACE"] == "1"
+    assert pinned["B70BENCH_ENGINE_CPUS"] == launch.engine_cpus({}) and pinned["OMP_NUM_THREADS"] == "1"
+    assert "B70BENCH_ENGINE_CPUS" not in paired and "B70BENCH_ENGINE_CPUS" not in server
+    mine = launch.run_env(
+        cpu, "cpu", paired=True, environ={"VLLM_CPU_KVCACHE_SPACE": "4"}, extra={"KMP_BLOCKTIME": "0"}
+    )
+    assert mine["VLLM_CPU_KVCACHE_SPACE"] == "4" and mine["KMP_BLOCKTIME"] == "0"
+    # A rig's stack on its GPU: its own variables and devices, nothing of the CPU's.
+    (tmp_path / "promoted-env.sh").write_text("export VLLM_PROMOTED=1\n")
+    rig = description.load(write(tmp_path, RIG))
+    gpu = launch.run_env(rig, "cuda", paired=True, environ={"PATH": "/bin"})
+    assert gpu == {"PATH": "/bin", "VLLM_PROMOTED": "1", "VLLM_USE_FLAG": "1", "CUDA_VISIBLE_DEVICES": "0,1,2,3"}
+    start = launch.start_env(gpu, tmp_path / "cache", rig.embedded)
+    assert start["VLLM_CACHE_ROOT"] == str(tmp_path / "cache") and start["PYTHONPATH"] == str(ROOT)
+    with pytest.raises(ValueError, match="role"):
+        launch.run_env(cpu, "cpu", role="worker")
 
 
 def test_the_default_is_the_embedded_model_and_old_pins_still_match(tmp_path):

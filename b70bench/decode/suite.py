@@ -15,7 +15,7 @@ from b70bench.decode import canary, runner
 from b70bench.decode import hooks as hooksmod
 from b70bench.errors import UsageError
 from b70bench.fingerprint import dist_version, fingerprint
-from b70bench.stack import environment, gate, logs, process
+from b70bench.stack import environment, gate, launch, logs, process
 from b70bench.stack import model as modelmod
 from b70bench.stack import tokenizer as tokmod
 from b70bench.stack.description import Stack
@@ -129,7 +129,7 @@ def _run_one(
     note: str | None,
 ) -> dict:
     cold = _cache_is_empty(cache_root)
-    env = environment.child_env(base_env, cache_root, embedded, plugin_dir)
+    env = launch.start_env(base_env, cache_root, embedded, plugin_dir)
     label = f"{shape}-{'cold' if cold else 'warm'}{run}"
     header = [f"b70bench decode {label}: {json.dumps(spec)}"]
     kept_env = {
@@ -259,13 +259,12 @@ def measure(
         model_label = model_path
     canaries = canary.normalize(canaries)
     tokenizer_path = _tokenizer_for(canaries, tokenizer, embedded, model_path)
-    base_env = dict(os.environ)
-    if stack is not None:  # its env file and table, what it unsets, the devices it names (stack_kwargs: the rest)
-        base_env = stack.process_env(base_env, dev.backend)
     file_env = environment.read_env_file(env_file) if env_file else {}
-    base_env.update(file_env)
-    base_env.update({k: str(v) for k, v in (env or {}).items()})
-    base_env = environment.engine_env(dev.backend, base_env, memory_fraction, fixed_layout)
+    extra = {**file_env, **{k: str(v) for k, v in (env or {}).items()}}
+    # The stack's env file and table, what it unsets, the devices it names (stack_kwargs: the rest).
+    base_env = launch.run_env(
+        stack, dev.backend, extra=extra, memory_fraction=memory_fraction, fixed_layout=fixed_layout
+    )
     if memory_fraction is None and dev.backend == "cpu" and "VLLM_CPU_KVCACHE_SPACE" not in base_env:
         memory_fraction = CPU_MEMORY_FRACTION
     # A cache root the user sets explicitly wins; then cold/warm is whatever state it is in.

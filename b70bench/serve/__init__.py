@@ -13,7 +13,7 @@ from __future__ import annotations
 
 
 def unavailable_reason(device) -> str | None:
-    """None if the suite can run on device, else why not: it starts vLLM's own server, so decode's rule holds."""
-    from b70bench import decode
+    """None if the suite can run on device, else why not (launch.unavailable_reason: it starts vLLM's server)."""
+    from b70bench.stack import launch
 
-    return decode.unavailable_reason(device)
+    return launch.unavailable_reason(device)

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from b70bench import stats
-from b70bench.stack import process
+from b70bench.stack import launch, process
 
 # From vllm bench serve's result: the figures set beside b70bench's (milliseconds and rates, its names).
 FIELDS = (
@@ -84,13 +84,7 @@ def run_bench(
     """One `vllm bench serve` in its own process group; its figures, or {"error": why}."""
     log = out_json.with_suffix(".log")
     with open(log, "w") as f:
-        proc = subprocess.Popen(
-            process.guarded(python or sys.executable, "b70bench.serve.anchor", str(out_json), *args),
-            stdout=f,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,
-        )
+        proc = launch.spawn("b70bench.serve.anchor", [str(out_json), *args], env=env, log=f, python=python)
     try:
         code = proc.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:

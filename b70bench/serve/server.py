@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from b70bench.errors import UsageError
-from b70bench.stack import logs, process
+from b70bench.stack import launch, logs, process
 
 MODULE = "vllm.entrypoints.openai.api_server"
 HEALTH_TIMEOUT_S = 600.0
@@ -77,13 +77,12 @@ class Server:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self.t0 = time.monotonic()
         with open(self.log_path, "w") as log:
-            self.proc = subprocess.Popen(
-                process.guarded(self.python, self.module, *self.args, "--host", "127.0.0.1", "--port", str(self.port)),
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
+            self.proc = launch.spawn(
+                self.module,
+                [*self.args, "--host", "127.0.0.1", "--port", str(self.port)],
                 env=self.env,
-                start_new_session=True,
+                log=log,
+                python=self.python,
             )
 
     def wait_healthy(self, timeout_s: float = HEALTH_TIMEOUT_S) -> float:

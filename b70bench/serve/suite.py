@@ -24,9 +24,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from b70bench.decode import child
 from b70bench.serve import client, metrics, server
-from b70bench.stack import environment, gate, process, shapes
+from b70bench.stack import gate, process, shapes
 from b70bench.stack.description import Stack
 
 DEFAULT_SHAPE = "p128n128"
@@ -137,20 +136,6 @@ def engine_flags(engine_args: dict) -> list[str]:
     return args
 
 
-def server_env(base: dict, backend: str, cache_root: Path | None, stack: Stack) -> dict:
-    """A server start's environment: the stack's, then the CPU's settings where the stack set none."""
-    env = stack.process_env(base, backend)
-    if backend == "cpu":
-        # The paired engines' CPU settings (a fixed KV cache, OpenMP threads sleeping between steps): a server is
-        # measured beside another as often as alone.
-        for k, v in environment.PAIRED_CPU_ENGINE_ENV.items():
-            env.setdefault(k, v)
-        preload = environment.cpu_preload()
-        if preload and "LD_PRELOAD" not in env:
-            env["LD_PRELOAD"] = preload
-    return environment.child_env(env, cache_root, stack.embedded, None)
-
-
 def parse_metrics(text: str, names=METRIC_NAMES) -> dict:
     """Sum of each named Prometheus series over its labels: {name: value} for those present."""
     out: dict[str, float] = {}
@@ -174,7 +159,7 @@ def requests_for(concurrency: int) -> int:
 def prompts_for(n: int, prompt_len: int, offset: int, tokenizer_dir: str | None = None) -> list[list[int]] | list[str]:
     """n fixed token-id prompts (decode's benchmark prompts); `offset` keeps levels from sending identical ones.
     With tokenizer_dir, the same prompts as text in that tokenizer, for a server that tokenizes them."""
-    out = child.bench_prompts(prompt_len, n + offset, None)[offset:]
+    out = shapes.bench_prompts(prompt_len, n + offset, None)[offset:]
     return [text_prompt(ids, tokenizer_dir) for ids in out] if tokenizer_dir else out
 
 

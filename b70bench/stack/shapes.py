@@ -49,3 +49,12 @@ def parse_engine_args(items: list[str] | None) -> dict:
         except ValueError:
             out[key.replace("-", "_")] = value
     return out
+
+
+def bench_prompts(prompt_len: int, batch: int, vocab_size: int | None, seed: int = 0) -> list[list[int]]:
+    """The benchmark's prompts for a shape: seeded token ids, the same for decode's engines and serve's servers."""
+    import numpy as np
+
+    high = min(10000, vocab_size) if vocab_size else 10000
+    rng = np.random.Generator(np.random.PCG64(seed))
+    return [rng.integers(0, high, size=prompt_len).tolist() for _ in range(batch)]
