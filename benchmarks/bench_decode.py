@@ -33,11 +33,11 @@ from b70bench.stack import description, shapes
 from b70bench.stack import model as decode_model
 
 from .common import (
+    _PairedFigures,
     against_base,
     design_result,
     lost_if_failed,
     paired_walk,
-    placement_code,
     samples,
     select_device,
     setup_timeout_s,
@@ -146,7 +146,7 @@ def _per_sample(summary: dict, figure: str) -> list:
     return summary[f"blocks_{figure}"] if "blocks" in summary else summary[f"starts_{figure}"]
 
 
-class Decode:
+class Decode(_PairedFigures):
     """Warm run (persistent compile cache), iterations timed inside one vLLM start."""
 
     param_names = ["shape", "stack"]
@@ -195,31 +195,6 @@ class Decode:
         return samples(_per_sample(cache[shape], "s_per_total_token"))
 
     track_s_per_total_token.unit = "seconds"
-
-    def track_ratio_to_parent(self, cache, shape, stack=None):
-        """This commit's seconds per output token over its parent's, one sample per block of paired calls."""
-        return samples(cache[shape].get("ratio_to_parent"))
-
-    track_ratio_to_parent.unit = "ratio"
-
-    def track_ratio_se_to_parent(self, cache, shape, stack=None):
-        """Each block's standard error of its log B/A, from its own rounds (same order as the ratios)."""
-        ses = cache[shape].get("ratio_se_to_parent") or []
-        return samples(ses if ses and all(s is not None for s in ses) else [])
-
-    track_ratio_se_to_parent.unit = "log ratio"
-
-    def track_minutes(self, cache, shape, stack=None):
-        """Machine minutes the paired measurement took (more where it was undecided)."""
-        return value(cache[shape], "minutes")
-
-    track_minutes.unit = "minutes"
-
-    def track_placement(self, cache, shape, stack=None):
-        """Walking commits: 0 both engines alive together, 1 one at a time (paired.placement.CODES)."""
-        return placement_code(cache[shape])
-
-    track_placement.unit = "placement"
 
     def track_calls(self, cache, shape, stack=None):
         """Timed calls per side that decided the verdict."""

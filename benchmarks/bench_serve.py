@@ -28,12 +28,13 @@ from b70bench.serve import suite as serve_suite
 from b70bench.stack import model as decode_model
 
 from .common import (
+    _PairedFigures,
     against_base,
     budget_s_from_env,
     lost_if_failed,
     paired_walk,
-    placement_code,
     samples,
+    ses_samples,
     setup_timeout_s,
     skip_if,
     stack_and_device,
@@ -109,13 +110,7 @@ def _paired_level(concurrency: int, backend: str, stack) -> dict:
     }
 
 
-def _ses(ses):
-    """Each block's standard error of its log B/A (same order as the ratios); none where any block has none."""
-    ses = ses or []
-    return samples(ses if all(x is not None for x in ses) else [])
-
-
-class Serve:
+class Serve(_PairedFigures):
     param_names = ["concurrency", "stack"]
     params = [_concurrency(), [stack_param()]]
     timeout = 3600
@@ -186,18 +181,6 @@ class Serve:
 
     track_startup_s.unit = "seconds"
 
-    def track_ratio_to_parent(self, cache, concurrency, stack=None):
-        """Walking commits: this level's median E2E over the parent's, one sample per block of paired levels."""
-        return samples(cache[concurrency].get("ratio_to_parent"))
-
-    track_ratio_to_parent.unit = "ratio"
-
-    def track_ratio_se_to_parent(self, cache, concurrency, stack=None):
-        """Each block's standard error of its log B/A, from its own rounds (same order as the ratios)."""
-        return _ses(cache[concurrency].get("ratio_se_to_parent"))
-
-    track_ratio_se_to_parent.unit = "log ratio"
-
     def track_tpot_ratio_to_parent(self, cache, concurrency, stack=None):
         """Walking commits: this level's median TPOT over the parent's, per block (the same blocks as E2E's)."""
         return samples(cache[concurrency].get("tpot_s_ratio_to_parent"))
@@ -205,7 +188,7 @@ class Serve:
     track_tpot_ratio_to_parent.unit = "ratio"
 
     def track_tpot_ratio_se_to_parent(self, cache, concurrency, stack=None):
-        return _ses(cache[concurrency].get("tpot_s_ratio_se_to_parent"))
+        return ses_samples(cache[concurrency].get("tpot_s_ratio_se_to_parent"))
 
     track_tpot_ratio_se_to_parent.unit = "log ratio"
 
@@ -216,21 +199,9 @@ class Serve:
     track_ttft_ratio_to_parent.unit = "ratio"
 
     def track_ttft_ratio_se_to_parent(self, cache, concurrency, stack=None):
-        return _ses(cache[concurrency].get("ttft_s_ratio_se_to_parent"))
+        return ses_samples(cache[concurrency].get("ttft_s_ratio_se_to_parent"))
 
     track_ttft_ratio_se_to_parent.unit = "log ratio"
-
-    def track_minutes(self, cache, concurrency, stack=None):
-        """Machine minutes the paired measurement of this level took (more where it was undecided)."""
-        return value(cache[concurrency], "minutes")
-
-    track_minutes.unit = "minutes"
-
-    def track_placement(self, cache, concurrency, stack=None):
-        """Walking commits: 0 both servers alive together, 1 one at a time (paired.placement.CODES)."""
-        return placement_code(cache[concurrency])
-
-    track_placement.unit = "placement"
 
     def track_levels(self, cache, concurrency, stack=None):
         """Paired levels per side that decided the verdict (track_calls in results before 2026-12-04)."""

@@ -195,3 +195,39 @@ def value(record: dict, key: str):
     """A one-value track figure; NaN where the record has none."""
     got = record.get(key)
     return math.nan if got is None else got
+
+
+def ses_samples(ses):
+    """Each block's standard error of its log B/A (same order as the ratios); none where any block has none."""
+    ses = ses or []
+    return samples(ses if all(x is not None for x in ses) else [])
+
+
+class _PairedFigures:
+    """What every paired adapter tracks of a walked commit (figures.PAIRED_FIGURES), read from its setup_cache's
+    result for one parameter; the class adds its own count a side (figures.TIMED). The leading underscore keeps asv
+    from reading this class as a suite of its own."""
+
+    def track_ratio_to_parent(self, cache, param, stack=None):
+        """This commit's figure over its parent's, one sample per block of paired measurement."""
+        return samples(cache[param].get("ratio_to_parent"))
+
+    track_ratio_to_parent.unit = "ratio"
+
+    def track_ratio_se_to_parent(self, cache, param, stack=None):
+        """Each block's standard error of its log B/A, from its own rounds (same order as the ratios)."""
+        return ses_samples(cache[param].get("ratio_se_to_parent"))
+
+    track_ratio_se_to_parent.unit = "log ratio"
+
+    def track_minutes(self, cache, param, stack=None):
+        """Machine minutes the paired measurement took (more where it was undecided)."""
+        return value(cache[param], "minutes")
+
+    track_minutes.unit = "minutes"
+
+    def track_placement(self, cache, param, stack=None):
+        """Walking commits: 0 both sides' processes alive together, 1 one at a time (paired.placement.CODES)."""
+        return placement_code(cache[param])
+
+    track_placement.unit = "placement"
