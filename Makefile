@@ -11,7 +11,7 @@ EXTRAS ?= cpu,test
 # asv's configuration for `make bench` (tests/test_make_bench.py points it at a copy writing under a temp dir).
 ASV_CONF ?= asv.conf.json
 
-.PHONY: venv bench bench-run test preview clean
+.PHONY: venv bench bench-run test test-long preview clean
 # bench is venv then bench-run, in that order.
 .NOTPARALLEL:
 venv: $(STAMP)
@@ -51,6 +51,10 @@ test: venv
 	$(PY) -m ruff format --check .
 	$(PY) -m pytest -m "not alone" -n auto --maxprocesses $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 	$(PY) -m pytest -m alone $(PYTEST_ARGS)
+
+# The docs' examples marked "# long" (compares, walks: hours in all), one at a time.
+test-long: venv
+	B70BENCH_LONG_EXAMPLES=1 $(PY) -m pytest -m alone tests/test_docs.py -k example_runs $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) results/html .asv

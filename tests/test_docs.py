@@ -26,6 +26,9 @@ ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 HISTORY = sorted((ROOT / "docs" / "history").glob("*.md"))
 NEEDS = ("cuda", "xpu", "torchrun", "long", "needs results", "needs the file above")
+# `make test-long`: the examples marked "# long" run too (one at a time, with an hour each), in a job of their own.
+LONG_ENV = "B70BENCH_LONG_EXAMPLES"
+LONG_TIMEOUT_S = 3600
 README_MAX_LINES = 250
 MAX_WIDTH = 120
 
@@ -57,8 +60,9 @@ def test_readme_is_a_manual_and_links_every_page():
 
 
 def example_param(page: str, line_no: int, line: str):
-    # An example that patches or restores this environment's vLLM would change it under the tests beside it.
-    alone = line.startswith(("b70bench patches apply", "b70bench patches restore"))
+    # An example that patches or restores this environment's vLLM would change it under the tests beside it; a long
+    # one measures for minutes, which tests beside it would disturb.
+    alone = line.startswith(("b70bench patches apply", "b70bench patches restore")) or "# long" in line
     return pytest.param(page, line_no, line, id=f"{page}:{line_no}", marks=[pytest.mark.alone] if alone else [])
 
 
@@ -66,8 +70,11 @@ def example_param(page: str, line_no: int, line: str):
 def test_example_runs_as_written(page, line_no, line, tmp_path):
     command, _, comment = line.partition(" #")
     need = next((tag for tag in NEEDS if tag in comment), None)
+    if need == "long" and os.environ.get(LONG_ENV) == "1":
+        need = None
     if need:
-        pytest.skip(f'{page}:{line_no} is marked "# {need}"')
+        more = f" ({LONG_ENV}=1, `make test-long`, runs it)" if need == "long" else ""
+        pytest.skip(f'{page}:{line_no} is marked "# {need}"{more}')
     args = shlex.split(command)[1:]
     env = dict(os.environ, B70BENCH_HOME=str(tmp_path / "home"))
     env.pop("B70BENCH_BACKEND", None)
@@ -79,7 +86,7 @@ def test_example_runs_as_written(page, line_no, line, tmp_path):
         env=env,
         capture_output=True,
         text=True,
-        timeout=900,
+        timeout=LONG_TIMEOUT_S if "# long" in line else 900,
     )
     try:
         done = run(args)
