@@ -53,14 +53,16 @@ class Handle:
 
 
 class Fake:
-    """Sides c0..cN whose calls take `speed[side]` seconds, times the host's drift (a slow climb over the run) and a
-    small wobble; `noisy` sides move by `swing` between their starts; `fail` labels fail to start; `kill_at` stops
-    the whole run (as a SIGKILL of the walk would) at that start."""
+    """Sides c0..cN whose calls take `speed[side]` seconds, times the host's drift (`drift`: a climb a start) and
+    a small wobble; `noisy` sides move by `swing` between their starts; `fail` labels fail to start; `kill_at` stops
+    the whole run (as a SIGKILL of the walk would) at that start; `hog` = (first, last, slowdown): every call of the
+    starts numbered first..last (counting warm starts) is `slowdown` times slower, as a CPU hog beside them makes it."""
 
     errors = (RuntimeError,)
 
-    def __init__(self, speed: dict, noisy=(), swing=0.3, fail=(), kill_at=None):
+    def __init__(self, speed: dict, noisy=(), swing=0.3, fail=(), kill_at=None, hog=None, drift=0.002):
         self.speed, self.noisy, self.swing, self.fail, self.kill_at = speed, set(noisy), swing, set(fail), kill_at
+        self.hog, self.drift = hog, drift
         self.started: list[str] = []
 
     def start(self, side: str, label: str) -> Handle:
@@ -72,11 +74,13 @@ class Fake:
         return Handle(self, side, label)
 
     def latency(self, side: str, label: str, n: int) -> float:
-        drift = 1.0 + 0.002 * len(self.started)  # the host slows as the run goes on
+        drift = 1.0 + self.drift * len(self.started)  # the host slows as the run goes on
         wobble = 1.0 + 0.002 * ((n * 7) % 5 - 2)
         swing = 1.0
         if side in self.noisy:
             swing = 1.0 + self.swing if len(self.started) % 2 else 1.0 - self.swing
+        if self.hog and self.hog[0] <= len(self.started) <= self.hog[1]:
+            swing *= self.hog[2]
         return self.speed[side] * drift * wobble * swing
 
 
@@ -114,6 +118,34 @@ def test_a_slowdown_is_named_at_its_commit_only_with_fewer_starts_than_pairs_wou
     # Six walked commits: 7 warm + 6 passes x 7 = 49 starts; the per-pair design's first look is 6 x (2 + 12) = 84.
     assert design.all_starts == chain.least_starts(6) == 49
     assert design.all_starts <= 0.6 * 6 * (2 + 2 * chain.ALTERNATE_FIRST_BLOCKS)
+
+
+def test_a_host_that_slows_start_by_start_is_cancelled_by_the_back_pass():
+    """A host that slows 5% a start (a machine heating up, a neighbour's job growing): each forward block reads B
+    a few percent slower than A and each back block as much faster, so only the two orders together leave the no-ops
+    at 1 (forward passes alone named every one of them slower, 1.027)."""
+    keys = [f"c{i}" for i in range(5)]
+    design = run(Fake({k: 1.0 for k in keys}, drift=0.05), keys)
+    forward = [b.ratio() for b in design.pairs["c2"].blocks[::2]]
+    back = [b.ratio() for b in design.pairs["c2"].blocks[1::2]]
+    assert min(forward) > 1.01 and max(back) < 0.99, (forward, back)  # the drift is there, block by block
+    assert {k: design.pairs[k].decision.word for k in keys[1:]} == {k: stats.NO_CHANGE for k in keys[1:]}
+    assert all(0.99 < design.pairs[k].ratio.ratio < 1.01 for k in keys[1:])
+
+
+@pytest.mark.parametrize("first, last", [(9, 22), (14, 30), (30, 44), (20, 26)])
+def test_a_hog_over_a_stretch_of_starts_names_no_noop_and_still_names_the_slowdown(first, last):
+    """Drift injected as users meet it: a hog beside the engines for 7-17 whole starts (calls 1.3x slower), over the
+    forward pass, across the turn, over the back pass. A pair whose block has one start under the hog and one not
+    reads 1.3x off for that block; forward and back passes put it on both sides, so such pairs come out undecided at
+    the first look and get more passes: the no-ops end "no change", the 8% slowdown is named at its size."""
+    keys = [f"c{i}" for i in range(7)]
+    speed = {k: 1.0 if i < 3 else 1.08 for i, k in enumerate(keys)}
+    design = run(Fake(speed, hog=(first, last, 1.3)), keys)
+    words = {k: design.pairs[k].decision.word for k in keys[1:]}
+    assert words == {k: stats.SLOWER if k == "c3" else stats.NO_CHANGE for k in keys[1:]}, words
+    assert 1.06 < design.pairs["c3"].ratio.ratio < 1.10
+    assert design.all_starts > chain.least_starts(6)  # the hog's edges cost more passes, not a wrong word
 
 
 def test_only_undecided_pairs_get_more_passes_over_the_shortest_run_covering_them():
