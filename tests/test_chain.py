@@ -148,6 +148,56 @@ def test_a_hog_over_a_stretch_of_starts_names_no_noop_and_still_names_the_slowdo
     assert design.all_starts > chain.least_starts(6)  # the hog's edges cost more passes, not a wrong word
 
 
+class PairOf:
+    """The per-pair walk's target over the same fake host: side A a commit's parent, side B the commit."""
+
+    errors = Fake.errors
+
+    def __init__(self, fake: Fake, parent: str, commit: str):
+        self.fake, self.names = fake, {"A": parent, "B": commit}
+
+    def start(self, side: str, label: str) -> Handle:
+        return self.fake.start(self.names[side], f"{self.names[side]}-{label}")
+
+
+@pytest.mark.parametrize("hog, share", [(None, 0.6), ((20, 60, 1.3), 0.75)])
+def test_the_design_and_the_per_pair_walk_on_one_host_give_the_same_words_the_design_in_fewer_starts(
+    tmp_path, hog, share
+):
+    """Six commits, one of them 8% slower, on one simulated host (its drift, and a hog over 40 starts): the per-pair
+    walk as `revisions` runs it where two engines do not fit (alternate, a warm start a side, six blocks at the first
+    look) and the design, by the same rule and level. Same words; the design takes at most 60% of the per-pair
+    walk's starts, 75% with the hog, whose edges make undecided pairs that the design re-measures over whole runs of
+    commits (its passes cover the shortest run of commits holding them, one start each)."""
+    from b70bench.paired import placement, stopping
+
+    keys = [f"c{i}" for i in range(7)]
+    speed = {k: 1.0 if i < 3 else 1.08 for i, k in enumerate(keys)}
+    pair_host = Fake(speed, hog=hog)
+    per_pair = {}
+    for parent, commit in zip(keys, keys[1:], strict=False):
+        res = stopping.measure_target(
+            PairOf(pair_host, parent, commit),
+            placement.ALTERNATE,
+            tmp_path,
+            rounds=8,
+            warmup_calls=1,
+            budget_s=3600.0,
+            level=LEVEL,
+            min_effect=0.05,
+            floor=0.02,
+            first_blocks=stopping.WALK_FIRST_BLOCKS,
+            out=lambda _: None,
+        )
+        per_pair[commit] = res.decision.word
+    design_host = Fake(speed, hog=hog)
+    design = run(design_host, keys)
+    words = {k: design.pairs[k].decision.word for k in keys[1:]}
+    assert per_pair == words == {k: stats.SLOWER if k == "c3" else stats.NO_CHANGE for k in keys[1:]}
+    starts = (len(design_host.started), len(pair_host.started))
+    assert starts[0] <= share * starts[1], starts
+
+
 def test_only_undecided_pairs_get_more_passes_over_the_shortest_run_covering_them():
     keys = ["c0", "c1", "c2", "c3", "c4"]
     fake = Fake({k: 1.0 for k in keys}, noisy={"c3"}, swing=0.08)
