@@ -12,7 +12,8 @@
 #   aa|slow     `compare base base` / `compare base graph` on the 0.9 stack (auto: alternate)
 #   together    `compare base graph` on the 0.4 stack (auto: together)
 #   branch      `compare base branch` on the 0.9 stack: speed quiet, compile-cache key named
-#   flag        `compare base flagged --b-env FLAG=1` (in-graph work on: slower), then `compare base flagged` (off)
+#   flag        `compare base flagged --b-env FLAG=1` (in-graph work on: slower), then `compare base flagged` (off);
+#               flag-on and flag-off run one of them (each up to LIMIT seconds, 590)
 #   serve       `serve --stack` at 1 and 4 requests, beside `vllm bench serve`
 # Environment: PARTS (the folder of the parts and parts.json; setup needs it until SITE holds vLLM), EXTRA (more
 # wheels for SITE), WORK (models,
@@ -99,14 +100,16 @@ for st in "$@"; do
           --json "$LOGS/compare-together.json" --out-dir "$WORK/compare-together" ;;
     branch) stage compare-branch 590 $B compare "$S/base" "$S/branch" --stack "$ALT" --budget "$BUDGET" \
           --json "$LOGS/compare-branch.json" --out-dir "$WORK/compare-branch" ;;
-    flag)
-      stage compare-flag-on 590 $B compare "$S/base" "$S/flagged" --b-env VLLM_B70BENCH_FLAGGED_WORK=1 --stack "$ALT" \
-        --budget "$BUDGET" --json "$LOGS/compare-flag-on.json" --out-dir "$WORK/compare-flag-on"
-      stage compare-flag-off 590 $B compare "$S/base" "$S/flagged" --stack "$ALT" --budget "$BUDGET" \
-        --json "$LOGS/compare-flag-off.json" --out-dir "$WORK/compare-flag-off" ;;
+    flag|flag-on|flag-off)
+      [[ $st == flag-off ]] || stage compare-flag-on "${LIMIT:-590}" $B compare "$S/base" "$S/flagged" \
+        --b-env VLLM_B70BENCH_FLAGGED_WORK=1 --stack "$ALT" --budget "$BUDGET" --json "$LOGS/compare-flag-on.json" \
+        --out-dir "$WORK/compare-flag-on"
+      [[ $st == flag-on ]] || stage compare-flag-off "${LIMIT:-590}" $B compare "$S/base" "$S/flagged" --stack "$ALT" \
+        --budget "$BUDGET" --json "$LOGS/compare-flag-off.json" --out-dir "$WORK/compare-flag-off" ;;
     serve) stage serve 590 $B serve --stack "$ALT" --concurrency 1 4 --anchor-rounds 2 --json "$LOGS/serve.json" \
           --pytorch-json "$LOGS/serve.pytorch.json" --out-dir "$WORK/serve" ;;
-    *) echo "unknown stage $st (setup decode cachekey kernels aa slow together branch flag serve)"; exit 2 ;;
+    *) echo "unknown stage $st (setup decode cachekey kernels aa slow together branch flag flag-on flag-off serve)"
+       exit 2 ;;
   esac
 done
 # Everything this call wrote (stage logs, JSON, the engines' own logs) in one file, easy to carry off the machine.
