@@ -8,7 +8,7 @@ History (each commit's patches/series stacked on the previous; b70bench.patches.
   4 cache-key    - the broken patch, + a default-off, env-gated branch in MiniMaxM2Attention: same
                    tokens and speed, but forward of MiniMaxM2Model moves down, so vLLM's AOT key moves
   5 slowdown     + GRAPH_REPS GRAPH_SIZE x GRAPH_SIZE matrix products per decoder layer and step inside the
-                   compiled graph (synthetic.with_graph_work): a decode slowdown of ~10% here, tokens unchanged
+                   compiled graph (synthetic.with_graph_work): a decode slowdown of ~10-20%, tokens unchanged
   6 moe-kernel   the htile case in vLLM's own MoE code: the experts kernel runs once (the isolated
                    `vllm` moe-down figure 3x faster), while vLLM's MoE layer entry (_moe_forward, which
                    the isolated call does not run) gains RUNNER_REPS 128x128 products per layer and step
@@ -60,11 +60,12 @@ MOE_FIGURE = "bench_moe_down.MoeDown.track_time"
 # 4 products per layer and step: +20% (compare, 3 starts a side); 6 read 1.31-1.32 in CI walks after 16-24
 # slowdown products, 8 kept that margin when the walk's decode slowdown was 32 64x64 products a step.
 RUNNER_REPS = 8
-# In-graph products per decoder layer and step for the slowdown commit, and their size: the slowdown of at most
-# 10% the walk must name. With the work's result written to a buffer (synthetic.with_graph_work), each 16x16
-# product costs about half a percent of a step on the 2-core VMs: eight read ~4.6%, too close to the walk's 5% to be
-# named in two blocks, sixteen ~8%, twenty ~8-10% (named in two blocks with a hog beside them).
-GRAPH_REPS = 20
+# In-graph products per decoder layer and step for the slowdown commit, and their size: a clear slowdown the walk
+# must name in two blocks. With the work's result written to a buffer (synthetic.with_graph_work), a 16x16 product
+# costs about half a percent of a step on AMD AVX2 VMs (32 read 1.150, 40 read 1.196) but about a quarter on the
+# hosts CI has run on (twenty read ~1.05 there, undecided in two blocks, whose interval is at least ~5.5% wide each
+# side). Forty-four: ~1.21 on the first, ~1.10 on the second.
+GRAPH_REPS = 44
 GRAPH_SIZE = 16
 # Minutes of paired measurement per commit at most (no block starts after them; decided verdicts stop earlier),
 # and rounds a block: blocks of 64 rounds let the first look's three blocks start within 4 minutes on a slow host,
@@ -419,10 +420,11 @@ def test_asv_walk_over_patch_sets(tmp_path):
     mine = {v["commit"]: v for v in verdicts if v["benchmark"].split("(")[0] == SPEED_FIGURE}
     assert {c for c, v in mine.items() if v["verdict"] == "slower"} == slowed, why
     assert set(mine) == {commits[n] for n in decoded if n != "broken"}, why
-    # The sizes the injected work predicts, not only the word: twenty 16x16 products ~8-10% (GRAPH_REPS), the MoE
-    # layer's 128x128 products ~20-35% (RUNNER_REPS); windows wide enough for a block's spread on a drifting host.
-    assert 1.03 <= mine[commits["slowdown"]]["ratio"] <= 1.25, why
-    assert 1.10 <= mine[commits["moe-kernel"]]["ratio"] <= 1.80, why
+    # The sizes the injected work predicts, not only the word: forty-four 16x16 products ~10-20% by host
+    # (GRAPH_REPS); the MoE layer's 128x128 products (RUNNER_REPS) read 1.16-1.17 over twenty of them, less over a
+    # slower parent. Windows wide enough for a block's spread on a drifting host.
+    assert 1.05 <= mine[commits["slowdown"]]["ratio"] <= 1.40, why
+    assert 1.07 <= mine[commits["moe-kernel"]]["ratio"] <= 1.80, why
     # The default-off branch changes no speed: never named; "undecided" is accepted because its blocks run with the
     # hog injected on purpose and four minutes may not narrow them to 5%, but the ratio stays near 1.
     assert mine[commits["cache-key"]]["verdict"] in ("no change", "undecided"), why
