@@ -20,11 +20,10 @@ import sys
 import time
 from pathlib import Path
 
-from b70bench import history, pairing, state, stats, walklog
+from b70bench import children, history, pairing, state, stats, walklog
 from b70bench.errors import UsageError
 from b70bench.paired import stopping
 from b70bench.stack import model as decode_model
-from b70bench.stack import process
 
 FOUND, NO_CHANGE, STOPPED = "found", "no change in the range", "stopped"
 WITHHELD = "tokens differ"  # B's speed withheld: a numerics change, not a speed verdict
@@ -185,7 +184,7 @@ def run(args) -> int:
     out_dir = (
         Path(args.out_dir) if args.out_dir else decode_model.cache_root() / "bisect" / time.strftime("%Y%m%dT%H%M%S")
     )
-    process.unwind_on_sigterm()  # SIGTERM stops and reaps every engine on the way out, as Ctrl-C does
+    children.unwind_on_sigterm()  # SIGTERM stops and reaps every engine on the way out, as Ctrl-C does
 
     def measure(a: str, b: str) -> dict:
         known = log.get(a, b)

@@ -19,10 +19,9 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from b70bench import pairing, records
+from b70bench import children, pairing, records
 from b70bench.errors import UsageError
 from b70bench.stack import model as decode_model
-from b70bench.stack import process
 
 
 def run(args) -> int:
@@ -37,7 +36,7 @@ def run(args) -> int:
         Path(args.out_dir) if args.out_dir else decode_model.cache_root() / "compare" / time.strftime("%Y%m%dT%H%M%S")
     )
     # SIGTERM (a CI timeout, `kill`) unwinds like Ctrl-C, so every engine is stopped and reaped on the way out.
-    process.unwind_on_sigterm()
+    children.unwind_on_sigterm()
     if args.suite == "moe-down":  # two kernels, not two series: nothing of vLLM is read or patched
         from b70bench.moe import pair as moe_pair
 
@@ -50,18 +49,13 @@ def run(args) -> int:
         res = moe_pair.compare_kernels(
             labels,
             out_dir,
+            pairing.rule(args),
             backend=backend,
             tp=args.tp,
             tokens=args.tokens,
-            budget_s=args.budget * 60,
-            level=args.level,
-            min_effect=args.min_effect,
-            floor=args.floor,
-            rounds=args.rounds,
             placement=args.placement,
             python=python,
             out=lambda line: print(line, flush=True),
-            max_blocks=None if args.max_starts is None else args.max_starts // 2,
         )
         return _report(res, labels, args)
     res, labels = pairing.measure(args, pre, args.a, args.b, out_dir)

@@ -244,26 +244,34 @@ def measure(args, pre: Prepared, a: str, b: str, out_dir: Path, say=True) -> tup
             )
         common = dict(
             shape=args.shape,
-            budget_s=args.budget * 60,
-            level=args.level,
-            min_effect=args.min_effect,
-            floor=args.floor,
-            rounds=args.rounds,
             python=pre.python,
             cache_dir=sides.paired_cache_dir(),
             backend=pre.dev.backend,
             placement=args.placement,
             stack=pre.stack,
-            max_blocks=None if args.max_starts is None else args.max_starts // 2,
             settings=pre.settings,
             out=(lambda line: print(line, flush=True)) if say else (lambda _line: None),
         )
         with patches.env_lock(pre.env, f"b70bench {command} (overlays read the installed vLLM)"):
             if args.suite == "serve":
-                res = serve_pair.compare_series(dirs, pre.env, out_dir, concurrency=args.concurrency, **common)
+                res = serve_pair.compare_series(
+                    dirs, pre.env, out_dir, rule(args), concurrency=args.concurrency, **common
+                )
             else:
-                res = pair.compare_series(dirs, pre.env, out_dir, **common)
+                res = pair.compare_series(dirs, pre.env, out_dir, rule(args), **common)
     return res, labels
+
+
+def rule(args) -> stopping.Rule:
+    """The stopping rule compare's and bisect's checked options ask for (every suite's)."""
+    return stopping.Rule(
+        rounds=args.rounds,
+        budget_s=args.budget * 60,
+        level=args.level,
+        min_effect=args.min_effect,
+        floor=args.floor,
+        max_blocks=None if args.max_starts is None else args.max_starts // 2,
+    )
 
 
 def side_settings(args, stack: description.Stack) -> dict[str, Settings]:

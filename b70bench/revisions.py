@@ -20,7 +20,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from b70bench import figures, patches, side_settings, state, walkdesign, walklog
+from b70bench import children, figures, patches, side_settings, state, walkdesign, walklog
 from b70bench.decode import pair as decode_pair
 from b70bench.errors import UsageError
 from b70bench.history import commits_in, export_patches, git
@@ -28,7 +28,7 @@ from b70bench.paired import chain, stopping
 from b70bench.paired import placement as placements
 from b70bench.paired.blocks import SIDES
 from b70bench.serve import suite as serve_suite
-from b70bench.stack import description, process, shapes
+from b70bench.stack import description, shapes
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -144,7 +144,7 @@ ASV_GRACE_S = 60.0
 def run_asv(cmd: list[str], env: dict, cwd: Path) -> int:
     """asv in a process group of its own: whichever way the walk ends (Ctrl-C, SIGTERM, an error), asv and its
     benchmark processes get SIGTERM (the adapters then stop their engines and servers), then SIGKILL."""
-    from b70bench.stack.process import kill_group
+    from b70bench.children import kill_group
 
     proc = subprocess.Popen(cmd, env=env, cwd=cwd, start_new_session=True)
     try:
@@ -428,7 +428,7 @@ def run(args) -> int:
         return done.returncode
     if not args.range:
         raise UsageError("name a range (OLD..NEW) or a commit, or pass --restore")
-    process.unwind_on_sigterm()  # a SIGTERM restores the environment and reaps asv, as Ctrl-C does
+    children.unwind_on_sigterm()  # a SIGTERM restores the environment and reaps asv, as Ctrl-C does
     every = commits_in(walker.repo, args.range)
     commits = shard(every, args.shard)
     asv_args = shlex.split(args.asv_args or "")

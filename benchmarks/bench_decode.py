@@ -96,12 +96,9 @@ def _paired_summary(shape: str, dev, stack) -> dict:
         commit,
         out_dir,
         pair.compare_series,
+        rule=stopping.Rule.walk(_budget_s(stack, dev.backend), _rounds(stack, dev.backend)),
         shape=shape,
-        budget_s=_budget_s(stack, dev.backend),
         backend=dev.backend,
-        rounds=_rounds(stack, dev.backend),
-        level=stopping.WALK_LEVEL,
-        first_blocks=stopping.WALK_FIRST_BLOCKS,
         cache_dir=sides.paired_cache_dir(),
         stack=stack,
     )

@@ -20,7 +20,7 @@ measures separate starts instead, as above. B70BENCH_STACK names the stack file 
 
 import os
 
-from b70bench import serve, sides, stats
+from b70bench import serve, sides
 from b70bench.paired import stopping
 from b70bench.serve import cli as serve_cli
 from b70bench.serve import pair as serve_pair
@@ -79,13 +79,10 @@ def _paired_level(concurrency: int, backend: str, stack) -> dict:
         commit,
         decode_model.cache_root() / "asv-paired-serve" / commit[:12] / f"c{concurrency}",
         serve_pair.compare_series,
+        rule=stopping.Rule.walk(
+            _budget_s(), whole_from_env("B70BENCH_SERVE_ROUNDS", serve_pair.DEFAULT_ROUNDS, 4, "paired rounds")
+        ),
         concurrency=concurrency,
-        budget_s=_budget_s(),
-        rounds=whole_from_env("B70BENCH_SERVE_ROUNDS", serve_pair.DEFAULT_ROUNDS, 4, "paired rounds"),
-        level=stopping.WALK_LEVEL,
-        min_effect=stats.DEFAULT_MIN_EFFECT,
-        floor=stats.DEFAULT_FLOOR,
-        first_blocks=stopping.WALK_FIRST_BLOCKS,
         cache_dir=sides.paired_cache_dir(),
         backend=backend,
         stack=stack,

@@ -172,7 +172,7 @@ def paired_walk(dev, switch: str) -> bool:
     engines and servers are stopped, not orphaned."""
     paired = bool(walked_commit()) and os.environ.get(switch) != "0"
     if paired:
-        from b70bench.stack.process import unwind_on_sigterm, unwind_when_orphaned
+        from b70bench.children import unwind_on_sigterm, unwind_when_orphaned
 
         unwind_on_sigterm()
         unwind_when_orphaned()

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import sys
@@ -31,12 +32,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from b70bench import patches, sides, stats  # noqa: E402
+from b70bench import children, patches, sides, stats  # noqa: E402
 from b70bench.decode import pair as pairing  # noqa: E402
 from b70bench.hog import Hog  # noqa: E402
 from b70bench.paired import placement, stopping  # noqa: E402
 from b70bench.patches import synthetic  # noqa: E402
-from b70bench.stack import launch, process  # noqa: E402
+from b70bench.stack import launch  # noqa: E402
 
 HOG_AFTER_S, HOG_FOR_S = 60.0, 120.0
 
@@ -90,7 +91,7 @@ def main() -> int:
     )
     args = p.parse_args()
     # SIGTERM (pkill, a timeout) unwinds like Ctrl-C, so the engines of the compare in flight are reaped.
-    process.unwind_on_sigterm()
+    children.unwind_on_sigterm()
     text = synthetic.shipped_model_text()
     env = patches.Env()
     results = []
@@ -110,11 +111,13 @@ def main() -> int:
                         {"A": base, "B": dirs[pair]},
                         env,
                         out_dir,
-                        budget_s=args.budget * 60,
-                        rounds=args.rounds,
-                        level=stopping.WALK_LEVEL if args.walk else args.level,
-                        first_blocks=stopping.WALK_FIRST_BLOCKS if args.walk else 4,
-                        min_effect=args.min_effect,
+                        dataclasses.replace(
+                            stopping.Rule.walk(args.budget * 60)
+                            if args.walk
+                            else stopping.Rule(budget_s=args.budget * 60, level=args.level),
+                            rounds=args.rounds,
+                            min_effect=args.min_effect,
+                        ),
                         cache_dir=sides.paired_cache_dir(),
                         placement=args.placement,
                         out=lambda _line: None,

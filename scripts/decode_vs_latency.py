@@ -30,8 +30,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from b70bench import children, records
 from b70bench import device as devmod
-from b70bench import records
 from b70bench.decode import suite
 from b70bench.stack import environment, process, shapes
 from b70bench.stack import model as modelmod
@@ -105,7 +105,7 @@ def run_latency(
         try:
             proc.wait(timeout=timeout_s)
         finally:
-            process.kill_group(proc.pid)
+            children.kill_group(proc.pid)
             proc.wait()
     if proc.returncode != 0 or not out_json.exists():
         from b70bench.stack import logs

@@ -1,5 +1,5 @@
 """asv's own handling of a long set-up, and of its own death mid-set-up, with this checkout's adapter helpers and a
-fake engine (the engine protocol of b70bench.stack.live, no vLLM).
+fake engine (the process protocol of b70bench.paired.live, no vLLM).
 
 asv (POSIX) ends a set-up that prints nothing for `setup_cache.timeout` seconds: SIGTERM to the set-up's process
 group, SIGKILL a second later. A walk's set-up on a rig runs for hours; the adapters say each block as it ends
@@ -41,7 +41,7 @@ import os, time
 from pathlib import Path
 
 from benchmarks.common import paired_walk, say
-from b70bench.stack.live import LiveProcess
+from b70bench.paired.live import LiveProcess
 
 
 class Engine(LiveProcess):

@@ -72,7 +72,8 @@ def test_walking_commits_pairs_each_level_with_the_parent(monkeypatch, tmp_path)
     seen = []
 
     def fake_against_parent(repo, commit, env, out_dir, measure, **kw):
-        seen.append((commit, out_dir.name, measure, kw["concurrency"], kw["first_blocks"], kw["budget_s"]))
+        rule = kw["rule"]
+        seen.append((commit, out_dir.name, measure, kw["concurrency"], rule.first_blocks, rule.budget_s))
         assert kw["backend"] == "cpu"
         gate = 1 if kw["concurrency"] == 4 else 0
         return {

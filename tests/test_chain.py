@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from b70bench import patches, stats
-from b70bench.paired import chain
+from b70bench.paired import chain, stopping
 from b70bench.paired.stopping import per_look_level
 
 LEVEL = per_look_level(0.95)
@@ -180,13 +180,15 @@ def test_the_design_and_the_per_pair_walk_on_one_host_give_the_same_words_the_de
             PairOf(pair_host, parent, commit),
             placement.ALTERNATE,
             tmp_path,
-            rounds=8,
+            stopping.Rule(
+                rounds=8,
+                budget_s=3600.0,
+                level=LEVEL,
+                min_effect=0.05,
+                floor=0.02,
+                first_blocks=stopping.WALK_FIRST_BLOCKS,
+            ),
             warmup_calls=1,
-            budget_s=3600.0,
-            level=LEVEL,
-            min_effect=0.05,
-            floor=0.02,
-            first_blocks=stopping.WALK_FIRST_BLOCKS,
             out=lambda _: None,
         )
         per_pair[commit] = res.decision.word
@@ -269,13 +271,14 @@ def test_a_design_of_series_names_the_slow_commit_and_resumes_from_its_journal(t
             raise AssertionError("a start the journal holds was started again")
 
     dirs = {"c0": empty, "c1": empty, "c2": slow, "c3": slow}
-    kw = dict(spec={"output_len": 128}, budget_s=600.0, level=LEVEL, rounds=6, out=lambda _: None,
-              journal=tmp_path / "journal.jsonl")  # fmt: skip
-    res = pair.design_series(dirs, env, tmp_path / "out", engine_cls=FakeLive, **kw)
+    # The rule's level is overall: the design looks at per_look_level(0.95), LEVEL.
+    kw = dict(spec={"output_len": 128}, out=lambda _: None, journal=tmp_path / "journal.jsonl")
+    rule = stopping.Rule(rounds=6, budget_s=600.0, level=0.95)
+    res = pair.design_series(dirs, env, tmp_path / "out", rule, engine_cls=FakeLive, **kw)
     assert {k: r["verdict"] for k, r in res.items()} == {"c1": "no change", "c2": "slower", "c3": "no change"}
     assert 1.09 < res["c2"]["ratio"] < 1.11 and res["c2"]["parent"] == "c1"
     assert res["c2"]["design"]["starts"] == chain.least_starts(3) == 28
-    again = pair.design_series(dirs, env, tmp_path / "out2", engine_cls=NoStart, **kw)
+    again = pair.design_series(dirs, env, tmp_path / "out2", rule, engine_cls=NoStart, **kw)
     assert {k: (r["verdict"], r["ratio"]) for k, r in again.items()} == {
         k: (r["verdict"], r["ratio"]) for k, r in res.items()
     }

@@ -14,10 +14,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import fakedist  # noqa: E402
 from gitrepo import git  # noqa: E402
 
-from b70bench import pairing, patches, revisions, stats  # noqa: E402
+from b70bench import children, pairing, patches, revisions, stats  # noqa: E402
 from b70bench.decode import pair  # noqa: E402
 from b70bench.errors import UsageError  # noqa: E402
-from b70bench.stack import process
+from b70bench.paired import stopping  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 TESTS = Path(__file__).resolve().parent
@@ -60,8 +60,8 @@ def fake_compare(walker, site, dirs, tmp_path, monkeypatch, **kw):
         walker.env,
         tmp_path / "out",
         engine_cls=FakeLive,
+        rule=stopping.Rule(rounds=6),
         spec={"output_len": 128},
-        rounds=6,
         out=lambda _line: None,
         **kw,
     )
@@ -120,13 +120,13 @@ def test_a_side_that_fails_to_start_is_undecided_with_its_reason(env, tmp_path, 
         walker.env,
         tmp_path / "out",
         engine_cls=FakeLive,
+        rule=stopping.Rule(rounds=6),
         spec={"output_len": 128, "fail_start": "max_model_len=-1 rejected"},
-        rounds=6,
         out=lambda _line: None,
     )
     assert res["verdict"] == stats.UNDECIDED and "max_model_len=-1 rejected" in res["text"], res["text"]
     pids = [b["starts"].get(s, {}).get("pid") for b in res["block_records"] for s in "AB"]
-    assert not any(process.group_members(p) for p in pids if p)
+    assert not any(children.group_members(p) for p in pids if p)
 
 
 def test_alternate_placement_names_the_slower_series_one_engine_at_a_time(env, tmp_path, monkeypatch):
@@ -140,8 +140,8 @@ def test_alternate_placement_names_the_slower_series_one_engine_at_a_time(env, t
         walker.env,
         tmp_path / "out",
         engine_cls=FakeLive,
+        rule=stopping.Rule(rounds=6),
         spec={"output_len": 128},
-        rounds=6,
         placement="alternate",
         out=lines.append,
     )
@@ -152,7 +152,7 @@ def test_alternate_placement_names_the_slower_series_one_engine_at_a_time(env, t
     recs = res["block_records"]
     assert [c["side"] for c in recs[1]["calls"]][:1] == ["B"] and set(recs[0]["warm_starts"]) == {"A", "B"}
     pids = [x["pid"] for b in recs for x in (*b["starts"].values(), *b["warm_starts"].values())]
-    assert not any(process.group_members(p) for p in pids)
+    assert not any(children.group_members(p) for p in pids)
     assert "blocks (alternate: --placement alternate)" in "\n".join(pairing.format_result(res, {"A": "a", "B": "b"}))
     assert fakedist.model_path(site).read_text() == fakedist.MODEL
 
@@ -229,13 +229,9 @@ def test_serve_sides_are_paired_servers_and_a_slower_one_is_named(env, tmp_path,
         {"A": empty, "B": repo / "patches"},
         walker.env,
         tmp_path / "out",
+        rule=stopping.Rule(rounds=4, budget_s=600, level=0.95, min_effect=0.05, floor=0.02),
         concurrency=2,
         shape="p8n12",
-        budget_s=600,
-        level=0.95,
-        min_effect=0.05,
-        floor=0.02,
-        rounds=4,
         out=lambda _line: None,
         server_cls=FakeServer,
     )
@@ -250,7 +246,7 @@ def test_serve_sides_are_paired_servers_and_a_slower_one_is_named(env, tmp_path,
     assert res["sides"]["A"]["token_sha256"] == res["sides"]["B"]["token_sha256"]  # both gated through the API
     for rec in res["block_records"]:
         for side in ("A", "B"):
-            assert not process.group_members(rec["starts"][side]["pid"])  # every server reaped
+            assert not children.group_members(rec["starts"][side]["pid"])  # every server reaped
     assert fakedist.model_path(site).read_text() == fakedist.MODEL
 
 
@@ -262,7 +258,7 @@ def test_a_second_sigterm_cannot_cut_the_clean_up_short():
     before = signal.getsignal(signal.SIGTERM)
     try:
         with pytest.raises(KeyboardInterrupt):
-            process.interrupt(signal.SIGTERM, None)
+            children.interrupt(signal.SIGTERM, None)
         assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN
     finally:
         signal.signal(signal.SIGTERM, before)
@@ -278,8 +274,8 @@ def test_a_start_out_of_memory_fails_its_block_and_the_next_start_runs(env, tmp_
         walker.env,
         tmp_path / "out",
         engine_cls=FakeLive,
+        rule=stopping.Rule(rounds=6),
         spec={"output_len": 128, "oom_once": str(tmp_path / "oom-once")},
-        rounds=6,
         placement="alternate",
         out=lambda _line: None,
     )
@@ -288,4 +284,4 @@ def test_a_start_out_of_memory_fails_its_block_and_the_next_start_runs(env, tmp_
     assert set(recs[1]["warm_starts"]) == {"A", "B"} and recs[1]["error"] is None  # warmed by the next block
     assert res["verdict"] == stats.SLOWER and res["blocks"] >= 2, res["text"]
     pids = [x.get("pid") for b in recs for x in (*b["starts"].values(), *b["warm_starts"].values())]
-    assert not any(process.group_members(p) for p in pids if p)
+    assert not any(children.group_members(p) for p in pids if p)

@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from b70bench import children
 from b70bench.decode import runner, suite
 from b70bench.decode.child import RESULT_PREFIX
 from b70bench.stack import environment, gate, host, model, process
@@ -70,7 +71,7 @@ def _alive(pid: int) -> bool:
 
 @pytest.mark.parametrize("mode", ["hang", "orphan"])
 def test_runner_kills_the_whole_group(tmp_path, fake_child, mode, monkeypatch):
-    monkeypatch.setattr(process, "TERM_GRACE_S", 1.0)
+    monkeypatch.setattr(children, "TERM_GRACE_S", 1.0)
     pidfile = tmp_path / "grandchild.pid"
     t0 = time.monotonic()
     res = runner.run_child(

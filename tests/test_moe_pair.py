@@ -7,20 +7,18 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from b70bench import stats
+from b70bench import children, stats
 from b70bench.moe import pair as moe_pair
-from b70bench.stack import process
+from b70bench.paired import stopping
 
 
 def test_identical_kernels_one_process_at_a_time_are_not_named(tmp_path):
     res = moe_pair.compare_kernels(
         {"A": "torch-int4", "B": "torch-int4"},
         tmp_path,
+        stopping.Rule(rounds=6, first_blocks=2, budget_s=60),
         backend="cpu",
         tokens=1,
-        rounds=6,
-        first_blocks=2,
-        budget_s=60,
         placement="alternate",
         number=4,
         repeat=3,
@@ -31,7 +29,7 @@ def test_identical_kernels_one_process_at_a_time_are_not_named(tmp_path):
     assert res["starts"] == 2 * len(res["block_records"]) + 2
     assert all(res["sides"][s]["rel_err"] < 1e-2 for s in "AB"), res["sides"]  # each process checked its kernel
     pids = [x["pid"] for b in res["block_records"] for x in (*b["starts"].values(), *b["warm_starts"].values())]
-    assert len(set(pids)) == len(pids) and not any(process.group_members(p) for p in pids)
+    assert len(set(pids)) == len(pids) and not any(children.group_members(p) for p in pids)
 
 
 def test_a_kernel_that_does_not_exist_is_one_line_and_exit_2(tmp_path):

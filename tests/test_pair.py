@@ -23,12 +23,12 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import fakedist  # noqa: E402
 
-from b70bench import patches, stats  # noqa: E402
+from b70bench import children, patches, stats  # noqa: E402
 from b70bench.decode import pair  # noqa: E402
 from b70bench.errors import UsageError  # noqa: E402
 from b70bench.paired import placement, stopping  # noqa: E402
 from b70bench.paired.blocks import SIDES, Block, Side  # noqa: E402
-from b70bench.stack import description, launch, process
+from b70bench.stack import description, launch
 
 TESTS = Path(__file__).resolve().parent
 REL = "fakevllm/models/minimax_m2.py"
@@ -93,7 +93,7 @@ def test_alternate_runs_one_engine_at_a_time_and_warms_each_side_first(sides, tm
     assert blocks[0].ratio() == pytest.approx(1.1, rel=0.05) and blocks[1].ratio() == pytest.approx(1.1, rel=0.05)
     assert "/ov-B/" in blocks[1].starts["B"]["module_file"] and str(site) in blocks[1].starts["A"]["module_file"]
     pids = [x["pid"] for b in blocks for x in (*b.starts.values(), *b.warm_starts.values())]
-    assert len(set(pids)) == 6 and not any(process.group_members(p) for p in pids)
+    assert len(set(pids)) == 6 and not any(children.group_members(p) for p in pids)
     assert blocks[0].to_json()["placement"] == "alternate"
 
 
@@ -113,7 +113,7 @@ def test_a_side_that_fails_its_counted_start_fails_the_alternate_block(sides, tm
     )
     assert b.error and "side A" in b.error and "killed by SIGKILL" in b.error, b.error
     assert "B" not in b.starts  # B never started once A failed
-    assert not process.group_members(b.starts["A"]["pid"])
+    assert not children.group_members(b.starts["A"]["pid"])
 
 
 def test_auto_places_together_on_the_cpu_and_alternate_on_gpus():
@@ -151,13 +151,13 @@ def test_an_engine_killed_mid_block_ends_it_and_nothing_is_left(sides, tmp_path)
     b = _block(sides, tmp_path, {"die_at_call": 3, "grandchild": True})
     assert b.error and "killed by SIGKILL" in b.error, b.error
     pids = [b.starts[s]["pid"] for s in "AB" if s in b.starts]
-    assert pids and not any(process.group_members(p) for p in pids)  # engines and their `sleep` children
+    assert pids and not any(children.group_members(p) for p in pids)  # engines and their `sleep` children
 
 
 def test_an_engine_whose_grandchild_outlives_it_is_reaped(sides, tmp_path):
     b = _block(sides, tmp_path, {"grandchild": True})
     assert b.error is None
-    assert not any(process.group_members(b.starts[s]["pid"]) for s in "AB")
+    assert not any(children.group_members(b.starts[s]["pid"]) for s in "AB")
 
 
 # ---- the detector on a simulated drifting host -------------------------------------------------

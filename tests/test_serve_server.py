@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from b70bench import children
 from b70bench.errors import UsageError
 from b70bench.serve import client, metrics, server
-from b70bench.stack import process
 
 TESTS = Path(__file__).resolve().parent
 
@@ -38,7 +38,7 @@ def test_a_level_through_a_real_http_server_and_nothing_left_after(tmp_path):
     assert lv["completed"] == 8 and lv["failed"] == 0
     assert 0.009 < lv["tpot_s_median"] < 0.5  # at least the stand-in's 10 ms a token (a slow host only adds)
     assert lv["goodput_request_per_s"] == pytest.approx(lv["request_per_s"])
-    assert not process.group_members(srv.proc.pid)
+    assert not children.group_members(srv.proc.pid)
 
 
 def test_a_port_in_use_is_refused_with_the_fix(tmp_path):
@@ -53,14 +53,14 @@ def test_a_server_that_refuses_its_arguments_says_why(tmp_path):
     srv = fake(tmp_path, "--fail-start", "max_model_len must be positive")
     with pytest.raises(server.ServerError, match="max_model_len must be positive"):
         srv.start(timeout_s=60)
-    assert not process.group_members(srv.proc.pid)
+    assert not children.group_members(srv.proc.pid)
 
 
 def test_a_server_that_never_becomes_healthy_is_stopped(tmp_path):
     srv = fake(tmp_path, "--never-healthy")
     with pytest.raises(server.ServerError, match="not healthy after 3 s"):
         srv.start(timeout_s=3)
-    assert not process.group_members(srv.proc.pid)
+    assert not children.group_members(srv.proc.pid)
 
 
 def test_a_server_killed_mid_load_fails_its_requests_without_a_hang(tmp_path):
@@ -70,7 +70,7 @@ def test_a_server_killed_mid_load_fails_its_requests_without_a_hang(tmp_path):
         recs = client.closed_loop(srv.port, "m", [[1]] * 4, max_tokens=100, concurrency=4, timeout_s=30)
     assert all(not r["ok"] and r["error"] for r in recs), recs
     assert metrics.level(recs)["failed"] == 4
-    assert not process.group_members(srv.proc.pid)
+    assert not children.group_members(srv.proc.pid)
 
 
 def test_a_client_timeout_is_a_failed_record(tmp_path):

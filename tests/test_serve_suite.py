@@ -10,10 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from b70bench import pytorch_json
+from b70bench import children, pytorch_json
 from b70bench.serve import cli as serve_cli
 from b70bench.serve import server, suite
-from b70bench.stack import process
 
 TESTS = Path(__file__).resolve().parent
 
@@ -53,7 +52,7 @@ def test_levels_gate_and_poisson_through_a_real_http_server(tmp_path):
     assert "vllm:num_preemptions_total" in c4["server_metrics"]
     assert 0 <= c4["client_cpu_share"] < 2.5
     assert len(rec["startup_s"]) == 1 and rec["gate_sha256"]
-    assert not process.group_members(made[0].proc.pid)
+    assert not children.group_members(made[0].proc.pid)
     # The same prompts give the same gate hash from a second server.
     again = suite.one_start(maker(tmp_path / "b", "--token-s", "0.005")[0], small(concurrency=(1,)))
     assert again["gate_sha256"] == rec["gate_sha256"]
@@ -77,7 +76,7 @@ def test_a_server_killed_mid_level_fails_that_level_and_the_next_runs(tmp_path):
     assert len(made) == 2 and len(rec["startup_s"]) == 2
     assert not rec["ok"]
     for srv in made:
-        assert not process.group_members(srv.proc.pid)
+        assert not children.group_members(srv.proc.pid)
 
 
 def test_a_client_timeout_is_a_failed_level_with_its_reason(tmp_path):
@@ -89,7 +88,7 @@ def test_a_client_timeout_is_a_failed_level_with_its_reason(tmp_path):
     assert "timed out" in stalled["error"], stalled["error"]
     assert after["error"] is None and after["failed"] == 0
     assert len(made) == 1 and not rec["ok"]
-    assert not process.group_members(made[0].proc.pid)
+    assert not children.group_members(made[0].proc.pid)
 
 
 def test_a_gate_that_times_out_fails_the_start_in_one_line(tmp_path, monkeypatch):
@@ -98,7 +97,7 @@ def test_a_gate_that_times_out_fails_the_start_in_one_line(tmp_path, monkeypatch
     rec = suite.one_start(make, small(concurrency=(1, 4), timeout_s=1.0))
     assert not rec["ok"] and "the gate's requests failed" in rec["error"] and "timed out" in rec["error"]
     assert [lv["error"] for lv in rec["levels"]] == [rec["error"]] * 2
-    assert not process.group_members(made[0].proc.pid)
+    assert not children.group_members(made[0].proc.pid)
 
 
 def test_a_server_that_never_becomes_healthy_fails_every_level(tmp_path):
@@ -106,7 +105,7 @@ def test_a_server_that_never_becomes_healthy_fails_every_level(tmp_path):
     rec = suite.one_start(make, small(concurrency=(1, 4), startup_timeout_s=3.0))
     assert not rec["ok"] and "was not healthy after 3 s" in rec["error"]
     assert [lv["error"] for lv in rec["levels"]] == [rec["error"]] * 2
-    assert not process.group_members(made[0].proc.pid)
+    assert not children.group_members(made[0].proc.pid)
 
 
 def test_summary_rows_and_records_for_dashboards():

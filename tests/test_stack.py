@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from b70bench import children
 from b70bench.errors import UsageError
 from b70bench.paired import placement
 from b70bench.stack import description, gate, launch
@@ -270,20 +271,18 @@ def test_a_stack_that_states_its_costs_sizes_the_budget_and_refuses_one_that_can
 
 
 def test_an_engine_goes_with_the_process_that_started_it(tmp_path):
-    """stack.process.guarded: while its starter lives, a module runs as `python -m` would (its arguments, its exit
+    """stack.children.guarded: while its starter lives, a module runs as `python -m` would (its arguments, its exit
     status) and stays up; once the starter is SIGKILLed (asv at its timeout), its whole session is gone, a worker it
     started included, within a few seconds."""
     import signal
     import time
 
-    from b70bench.stack import process
-
     ROOT = Path(__file__).resolve().parent.parent
-    done = subprocess.run(process.guarded(sys.executable, "json.tool", "--sort-keys"), input='{"b": 1, "a": 2}',
+    done = subprocess.run(children.guarded(sys.executable, "json.tool", "--sort-keys"), input='{"b": 1, "a": 2}',
                           capture_output=True, text=True, timeout=60)  # fmt: skip
     assert done.returncode == 0 and done.stdout.index('"a"') < done.stdout.index('"b"')
     bad = subprocess.run(
-        process.guarded(sys.executable, "json.tool", "--no-such-flag"), capture_output=True, timeout=60
+        children.guarded(sys.executable, "json.tool", "--no-such-flag"), capture_output=True, timeout=60
     )
     assert bad.returncode == 2
     # An "engine" that starts a worker in its own group, as vLLM's engine core is, then serves until stopped.
@@ -296,8 +295,8 @@ def test_an_engine_goes_with_the_process_that_started_it(tmp_path):
     )
     starter = (
         "import subprocess, sys\n"
-        "from b70bench.stack import process\n"
-        f"p = subprocess.Popen(process.guarded(sys.executable, 'engine'), cwd={str(tmp_path)!r}, "
+        "from b70bench import children\n"
+        f"p = subprocess.Popen(children.guarded(sys.executable, 'engine'), cwd={str(tmp_path)!r}, "
         "start_new_session=True, stdout=subprocess.PIPE, text=True)\n"
         "print(p.pid, p.stdout.readline().strip(), flush=True)\n"
         "import time; time.sleep(600)\n"
@@ -307,13 +306,13 @@ def test_an_engine_goes_with_the_process_that_started_it(tmp_path):
     try:
         pgid, worker = (int(x) for x in proc.stdout.readline().split())
         time.sleep(2.0)  # the starter alive: nothing is stopped
-        assert sorted(process.group_members(pgid)) == sorted([pgid, worker])
+        assert sorted(children.group_members(pgid)) == sorted([pgid, worker])
         proc.send_signal(signal.SIGKILL)
         proc.wait()
         deadline = time.monotonic() + 15
-        while process.group_members(pgid) and time.monotonic() < deadline:
+        while children.group_members(pgid) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert process.group_members(pgid) == []
+        assert children.group_members(pgid) == []
     finally:
         proc.kill()
-        process.kill_group(pgid, grace_s=1.0)
+        children.kill_group(pgid, grace_s=1.0)

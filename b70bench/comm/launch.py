@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from b70bench.stack import process
+from b70bench import children
 
 ENV_PARAMS = "B70BENCH_AR_PARAMS"
 ENV_DIR = "B70BENCH_AR_DIR"
@@ -121,7 +121,7 @@ def launch(params_json: str, world: int, *, timeout_s: float, cpu: bool) -> dict
     """Run `world` ranks to completion; rank 0's result payload, or RankFailure."""
     directory = tempfile.mkdtemp(prefix="b70bench-allreduce-")
     port = free_port()
-    cmd = process.guarded(sys.executable, "b70bench.allreduce")
+    cmd = children.guarded(sys.executable, "b70bench.allreduce")
     procs: list[subprocess.Popen] = []
     try:
         for rank in range(world):

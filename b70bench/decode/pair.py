@@ -9,18 +9,20 @@ check the host state of every sample and the analysis can compare pairing, condi
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import statistics
 from pathlib import Path
 
-from b70bench import patches, side_settings, sides, stats
+from b70bench import patches, side_settings, sides
 from b70bench.errors import UsageError
 from b70bench.paired import chain, report, stopping
 from b70bench.paired import placement as placements
 from b70bench.paired.blocks import MIN_ROUNDS_FOR_SE, SIDES, Block, Side
+from b70bench.paired.live import EngineError, EngineHandle
 from b70bench.stack import description, gate, launch, logs
 from b70bench.stack.description import Stack
-from b70bench.stack.live import EngineError, EngineHandle, LiveProcess
+from b70bench.stack.live import StackProcess
 
 # Rounds per block. A round's log B/A spreads ~20% (the host moves within a second) and the rounds, not the
 # per-process offset (~1%), set a block's spread: doubling 48 rounds costs ~15 s on top of the two starts
@@ -32,7 +34,7 @@ DEFAULT_WARMUP_CALLS = 3
 DEFAULT_GAP_S = 0.02
 
 
-class Engine(LiveProcess):
+class Engine(StackProcess):
     """One side's decode engine (decode/live.py)."""
 
     module = "b70bench.decode.live"
@@ -148,52 +150,35 @@ def compare_series(
     dirs: dict[str, Path],
     env: patches.Env,
     out_dir: Path,
+    rule: stopping.Rule = stopping.DEFAULT_RULE,
     *,
     shape: str = DEFAULT_SHAPE,
-    budget_s: float = stopping.DEFAULT_BUDGET_MIN * 60,
-    level: float = stopping.DEFAULT_LEVEL,
-    min_effect: float = stats.DEFAULT_MIN_EFFECT,
-    floor: float = stats.DEFAULT_FLOOR,
-    rounds: int = DEFAULT_ROUNDS,
-    first_blocks: int = stopping.DEFAULT_FIRST_BLOCKS,
     python: str | None = None,
     backend: str = "cpu",
     placement: str = placements.AUTO,
     out=print,
     engine_cls=Engine,
     stack: Stack | None = None,
-    max_blocks: int | None = None,
     spec: dict | None = None,
     cache_dir: Path | None = None,
     settings: dict | None = None,
 ) -> dict:
-    """Measure B against A (series directories) in blocks until decided; returns the result as one JSON-able dict.
+    """Measure B against A (series directories) in blocks until `rule` decides or stops; returns the result as one
+    JSON-able dict. rule.rounds None: DEFAULT_ROUNDS.
 
     cache_dir: where each side's vLLM compile cache lives (default: out_dir). A persistent one makes every start
     after the first of a graph warm: vLLM on the CPU recompiles at each start, but inductor's generated C++ is
     cached under the compile-cache key, and most commits leave the graph unchanged."""
     stack = stack or description.default()
+    rule = dataclasses.replace(rule, rounds=rule.rounds_or(DEFAULT_ROUNDS))
     where, why = placements.choose(placement, backend, side_settings.placement_stack(stack, settings or {}))
     out(f"placement: {where} ({why})")
     target = series_target(dirs, env, out_dir, cache_dir, settings, spec, stack, shape, backend, python, engine_cls)
     sides_, spec = target.sides, target.spec
     tokens = spec.get("batch", 1) * spec.get("output_len", 1)
 
-    result = stopping.measure_target(
-        target,
-        where,
-        out_dir,
-        rounds=rounds,
-        warmup_calls=DEFAULT_WARMUP_CALLS,
-        budget_s=budget_s,
-        level=level,
-        min_effect=min_effect,
-        floor=floor,
-        first_blocks=first_blocks,
-        max_blocks=max_blocks,
-        out=out,
-    )
-    res = to_result(result, dirs, shape, tokens, min_effect, where, why, backend, stack)
+    result = stopping.measure_target(target, where, out_dir, rule, warmup_calls=DEFAULT_WARMUP_CALLS, out=out)
+    res = to_result(result, dirs, shape, tokens, rule.min_effect, where, why, backend, stack)
     return {**res, "settings": {s: sides_[s].settings.to_json() for s in SIDES}}
 
 
@@ -201,13 +186,9 @@ def design_series(
     dirs: dict[str, Path],
     env: patches.Env,
     out_dir: Path,
+    rule: stopping.Rule,
     *,
     shape: str = DEFAULT_SHAPE,
-    budget_s: float,
-    level: float,
-    min_effect: float = stats.DEFAULT_MIN_EFFECT,
-    floor: float = stats.DEFAULT_FLOOR,
-    rounds: int = DEFAULT_ROUNDS,
     python: str | None = None,
     backend: str = "cpu",
     out=print,
@@ -217,10 +198,11 @@ def design_series(
     journal: Path | None = None,
     spec: dict | None = None,
 ) -> dict[str, dict]:
-    """A walk's commits measured as one design (paired.chain): dirs maps each commit to its series, in walk order,
-    the first the base. Returns {commit: its result against the commit before it}, each as compare_series' result
-    (to_result) with "commit", "parent" and the design's cost. journal: where each start is recorded, and read back
-    when the same design runs again (resume)."""
+    """A walk's commits measured as one design (paired.chain) by `rule` (its budget, overall level, thresholds and
+    rounds; None: DEFAULT_ROUNDS): dirs maps each commit to its series, in walk order, the first the base. Returns
+    {commit: its result against the commit before it}, each as compare_series' result (to_result) with "commit",
+    "parent" and the design's cost. journal: where each start is recorded, and read back when the same design runs
+    again (resume)."""
     stack = stack or description.default()
     keys = list(dirs)
     target = series_target(dirs, env, out_dir, cache_dir, None, spec, stack, shape, backend, python, engine_cls)
@@ -228,12 +210,12 @@ def design_series(
     design = chain.measure(
         target,
         keys,
-        rounds=rounds,
+        rounds=rule.rounds_or(DEFAULT_ROUNDS),
         warmup_calls=DEFAULT_WARMUP_CALLS,
-        budget_s=budget_s,
-        level=level,
-        min_effect=min_effect,
-        floor=floor,
+        budget_s=rule.budget_s,
+        level=stopping.per_look_level(rule.level),
+        min_effect=rule.min_effect,
+        floor=rule.floor,
         done=chain.read_journal(journal),
         record=chain.journal_writer(journal),
         out=out,
@@ -244,7 +226,7 @@ def design_series(
             "minutes": design.wall_s / 60.0}  # fmt: skip
     results = {}
     for parent, child in zip(keys, keys[1:], strict=False):
-        res = to_result(design.pairs[child], {"A": dirs[parent], "B": dirs[child]}, shape, tokens, min_effect,
+        res = to_result(design.pairs[child], {"A": dirs[parent], "B": dirs[child]}, shape, tokens, rule.min_effect,
                         placements.ALTERNATE, why, backend, stack)  # fmt: skip
         results[child] = {**res, "commit": child, "parent": parent, "skipped_parents": [], "design": cost}
     return results

@@ -14,9 +14,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from b70bench.children import kill_group
 from b70bench.decode.child import RESULT_PREFIX
 from b70bench.stack import launch, logs
-from b70bench.stack.process import kill_group
 
 
 @dataclass

@@ -8,15 +8,15 @@ needs no vLLM, so the measurement engine runs on any device moe-down runs on.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import statistics
 from pathlib import Path
 
-from b70bench import stats
 from b70bench.paired import placement as placements
 from b70bench.paired import report, stopping
 from b70bench.paired.blocks import SIDES
-from b70bench.stack.live import EngineError, EngineHandle, LiveProcess
+from b70bench.paired.live import EngineError, EngineHandle, LiveProcess
 
 DEFAULT_ROUNDS = 48
 DEFAULT_TOKENS = 1
@@ -44,25 +44,22 @@ class Target:
 def compare_kernels(
     kernels: dict[str, str],
     out_dir: Path,
+    rule: stopping.Rule = stopping.DEFAULT_RULE,
     *,
     backend: str,
     tp: int = DEFAULT_TP,
     tokens: int = DEFAULT_TOKENS,
-    budget_s: float = stopping.DEFAULT_BUDGET_MIN * 60,
-    level: float = stopping.DEFAULT_LEVEL,
-    min_effect: float = stats.DEFAULT_MIN_EFFECT,
-    floor: float = stats.DEFAULT_FLOOR,
-    rounds: int = DEFAULT_ROUNDS,
-    first_blocks: int = stopping.DEFAULT_FIRST_BLOCKS,
     placement: str = placements.AUTO,
     number: int = 20,
     repeat: int = 5,
     python: str | None = None,
     out=print,
     engine_cls=KernelEngine,
-    max_blocks: int | None = None,
 ) -> dict:
-    """B's kernel against A's, in blocks until decided; one JSON-able dict like decode's and serve's."""
+    """B's kernel against A's, in blocks until `rule` decides or stops (rule.rounds None: DEFAULT_ROUNDS); one
+    JSON-able dict like decode's and serve's."""
+    rule = dataclasses.replace(rule, rounds=rule.rounds_or(DEFAULT_ROUNDS))
+    min_effect = rule.min_effect
     where, why = placements.choose(placement, backend)
     out(f"placement: {where} ({why})")
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -73,20 +70,7 @@ def compare_kernels(
     }
     target = Target(specs, out_dir, python=python, engine_cls=engine_cls)
 
-    result = stopping.measure_target(
-        target,
-        where,
-        out_dir,
-        rounds=rounds,
-        warmup_calls=2,
-        budget_s=budget_s,
-        level=level,
-        min_effect=min_effect,
-        floor=floor,
-        first_blocks=first_blocks,
-        max_blocks=max_blocks,
-        out=out,
-    )
+    result = stopping.measure_target(target, where, out_dir, rule, warmup_calls=2, out=out)
     good = result.good
     per_launch = {s: [b.figure(s) for b in good if b.figure(s) is not None] for s in SIDES}
     first = next(iter(good), None)

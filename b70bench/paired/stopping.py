@@ -101,6 +101,34 @@ def budget_min_from_env(name: str, default_min: float, least_min: float = MIN_BU
     return value
 
 
+@dataclass(frozen=True)
+class Rule:
+    """How one paired measurement runs and when it stops, whatever its target: rounds a block (None: the target's
+    own default), the budget, the overall level and the decision's thresholds, the blocks of the first look, and the
+    counted-start cap (two starts a block). compare, bisect, the walk's adapters and revisions --design each build
+    one; every target's compare_series and measure_target take it."""
+
+    rounds: int | None = None
+    budget_s: float = DEFAULT_BUDGET_MIN * 60
+    level: float = DEFAULT_LEVEL
+    min_effect: float = stats.DEFAULT_MIN_EFFECT
+    floor: float = stats.DEFAULT_FLOOR
+    first_blocks: int = DEFAULT_FIRST_BLOCKS
+    max_blocks: int | None = None
+
+    @classmethod
+    def walk(cls, budget_s: float, rounds: int | None = None) -> Rule:
+        """A walk's rule (asv's adapters, revisions --design): its level and first look, this budget."""
+        return cls(rounds=rounds, budget_s=budget_s, level=WALK_LEVEL, first_blocks=WALK_FIRST_BLOCKS)
+
+    def rounds_or(self, default: int) -> int:
+        return self.rounds if self.rounds is not None else default
+
+
+# compare's rule, each target's rounds (frozen: safe as a default argument).
+DEFAULT_RULE = Rule()
+
+
 @dataclass
 class Paired:
     """The blocks of one paired measurement and what they decided."""
@@ -240,22 +268,18 @@ def measure_target(
     target: placements.Target,
     placement: str,
     out_dir: Path,
+    rule: Rule,
     *,
-    rounds: int,
     warmup_calls: int,
-    budget_s: float,
-    level: float,
-    min_effect: float,
-    floor: float,
-    first_blocks: int = DEFAULT_FIRST_BLOCKS,
-    max_blocks: int | None = None,
     out=print,
 ) -> Paired:
-    """measure() over blocks of `target` placed as `placement` (the first alternate block warms each side first),
-    each block's calls written to out_dir/blockNN.json for a reader to check (scripts/pair_analysis.py reads them).
-    `level` is the overall level; each look takes per_look_level(level)."""
-
-    first_blocks = first_look_blocks(first_blocks, placement)
+    """The one run of a paired measurement: measure() over blocks of `target` placed as `placement` by `rule` (its
+    rounds set; the first alternate block warms each side first), each block's calls written to out_dir/blockNN.json
+    for a reader to check (scripts/pair_analysis.py reads them). rule.level is the overall level; each look takes
+    per_look_level(rule.level)."""
+    if rule.rounds is None:
+        raise ValueError("measure_target needs rule.rounds: the target's compare_series sets its default")
+    first_blocks = first_look_blocks(rule.first_blocks, placement)
 
     warmed = placement != placements.ALTERNATE
 
@@ -263,18 +287,20 @@ def measure_target(
         nonlocal warmed
         # Alternate: each side's compile cache is filled by an uncounted start before the first counted one; a
         # block whose warm starts failed (a start out of memory) leaves that to the next block.
-        b = placements.run_block(i, target, placement, rounds=rounds, warmup_calls=warmup_calls, warm_first=not warmed)
+        b = placements.run_block(
+            i, target, placement, rounds=rule.rounds, warmup_calls=warmup_calls, warm_first=not warmed
+        )
         warmed = warmed or len(b.warm_starts) == len(SIDES)
         records.atomic_write_text(out_dir / f"block{i:02d}.json", json.dumps(b.to_json()) + "\n")
         return b
 
     return measure(
         run_one,
-        budget_s=budget_s,
-        level=per_look_level(level),
-        min_effect=min_effect,
-        floor=floor,
+        budget_s=rule.budget_s,
+        level=per_look_level(rule.level),
+        min_effect=rule.min_effect,
+        floor=rule.floor,
         first_blocks=first_blocks,
-        max_blocks=max_blocks,
+        max_blocks=rule.max_blocks,
         out=out,
     )

@@ -184,7 +184,7 @@ def _run(command: str, cwd: Path, log: Path, timeout_s: float, python: str | Non
     """The build command in its own process group, output to log; the whole group is reaped on a timeout or an
     interrupt, so no compiler outlives the walk. python: the walked environment's interpreter, whose folder comes
     first on PATH (a `python -m pip` or `python setup.py` in the command builds against that environment's torch)."""
-    from b70bench.stack.process import kill_group
+    from b70bench.children import kill_group
 
     env = dict(os.environ, **{SITE_ENV: str(cwd / SITE_DIR)})
     if python:

@@ -20,8 +20,8 @@ import sys
 import time
 from pathlib import Path
 
-from b70bench import stats
-from b70bench.stack import launch, process
+from b70bench import children, stats
+from b70bench.stack import launch
 
 # From vllm bench serve's result: the figures set beside b70bench's (milliseconds and rates, its names).
 FIELDS = (
@@ -90,7 +90,7 @@ def run_bench(
     except subprocess.TimeoutExpired:
         code = None
     finally:
-        process.kill_group(proc.pid)
+        children.kill_group(proc.pid)
         proc.wait()
     if code != 0 or not out_json.exists():
         tail = log.read_text(errors="replace").strip().splitlines()[-1:] if log.exists() else []

@@ -13,6 +13,7 @@ same four verdicts. Every server is stopped and reaped by PID when its block end
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import statistics
 from pathlib import Path
@@ -135,15 +136,10 @@ def compare_series(
     dirs: dict,
     env,
     out_dir: Path,
+    rule: stopping.Rule = stopping.DEFAULT_RULE,
     *,
     concurrency: int = DEFAULT_CONCURRENCY,
     shape: str = suite.DEFAULT_SHAPE,
-    budget_s: float,
-    level: float,
-    min_effect: float,
-    floor: float,
-    rounds: int = DEFAULT_ROUNDS,
-    first_blocks: int = stopping.DEFAULT_FIRST_BLOCKS,
     python: str | None = None,
     backend: str = "cpu",
     placement: str = placements.AUTO,
@@ -151,11 +147,13 @@ def compare_series(
     out=print,
     server_cls=server.Server,
     stack: Stack | None = None,
-    max_blocks: int | None = None,
     settings: dict | None = None,
 ) -> dict:
-    """B against A (series directories), servers of the stack paired at one concurrency; one JSON-able dict."""
+    """B against A (series directories), servers of the stack paired at one concurrency until `rule` decides or
+    stops (rule.rounds None: DEFAULT_ROUNDS levels a side a block); one JSON-able dict."""
     stack = stack or description.default()
+    rule = dataclasses.replace(rule, rounds=rule.rounds_or(DEFAULT_ROUNDS))
+    min_effect, floor = rule.min_effect, rule.floor
     where, why = placements.choose(placement, backend, side_settings.placement_stack(stack, settings or {}))
     out(f"placement: {where} ({why})")
     sides_ = sides.build_sides(dirs, env, out_dir, cache_dir, settings)
@@ -173,20 +171,7 @@ def compare_series(
         backend=backend,
     )
 
-    result = stopping.measure_target(
-        target,
-        where,
-        out_dir,
-        rounds=rounds,
-        warmup_calls=1,
-        budget_s=budget_s,
-        level=level,
-        min_effect=min_effect,
-        floor=floor,
-        first_blocks=first_blocks,
-        max_blocks=max_blocks,
-        out=out,
-    )
+    result = stopping.measure_target(target, where, out_dir, rule, warmup_calls=1, out=out)
     good = result.good
     gates = report.paired_gates(good, gate.check(gate.stack_key(stack, backend), stack.gate_file))
     e2e = {s: [b.figure(s) for b in good if b.figure(s) is not None] for s in SIDES}

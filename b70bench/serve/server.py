@@ -16,8 +16,9 @@ import sys
 import time
 from pathlib import Path
 
+from b70bench import children
 from b70bench.errors import UsageError
-from b70bench.stack import launch, logs, process
+from b70bench.stack import launch, logs
 
 MODULE = "vllm.entrypoints.openai.api_server"
 HEALTH_TIMEOUT_S = 600.0
@@ -121,7 +122,7 @@ class Server:
         """SIGTERM, then SIGKILL, to the server's process group; returns pids that survived (none expected)."""
         if self.proc is None:
             return []
-        survivors = process.kill_group(self.proc.pid)
+        survivors = children.kill_group(self.proc.pid)
         self.proc.wait()
         return survivors
 

@@ -24,8 +24,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from b70bench import children
 from b70bench.serve import client, metrics, server
-from b70bench.stack import gate, process, shapes
+from b70bench.stack import gate, shapes
 from b70bench.stack.description import Stack
 
 DEFAULT_SHAPE = "p128n128"
@@ -250,7 +251,7 @@ class CpuShares:
     def __enter__(self):
         self.t0 = time.monotonic()
         self.me0 = resource.getrusage(resource.RUSAGE_SELF)
-        self.srv0 = _cpu_s(process.group_members(self.srv.proc.pid))
+        self.srv0 = _cpu_s(children.group_members(self.srv.proc.pid))
         return self
 
     def __exit__(self, *exc):
@@ -258,7 +259,7 @@ class CpuShares:
         me = resource.getrusage(resource.RUSAGE_SELF)
         self.client_share = (me.ru_utime - self.me0.ru_utime + me.ru_stime - self.me0.ru_stime) / wall
         # Processes that exited during the level drop out of the sum: a lower bound then.
-        self.server_share = max(0.0, _cpu_s(process.group_members(self.srv.proc.pid)) - self.srv0) / wall
+        self.server_share = max(0.0, _cpu_s(children.group_members(self.srv.proc.pid)) - self.srv0) / wall
 
 
 def gate_through_api(port: int, vocab: int | None = None, timeout_s: float = 300.0) -> tuple[str | None, str | None]:

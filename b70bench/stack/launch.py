@@ -1,9 +1,9 @@
 """Where b70bench starts vLLM: each start's environment (one builder for the offline engine, the paired engines
 and the server) and the process itself (`spawn`).
 
-Every process of the stack under test (decode's child and live engines, serve's server and `vllm bench serve`,
-moe-down's kernel processes) is started by `spawn`: `python -m MODULE` in a session of its own, so its pid is its
-process group id and process.kill_group reaches every worker; guarded, so the group goes down when its starter dies
+Every process of the stack under test (decode's child, the paired engines, serve's server and `vllm bench serve`)
+is started by `spawn`: `python -m MODULE` in a session of its own, so its pid is its
+process group id and children.kill_group reaches every worker; guarded, so the group goes down when its starter dies
 without stopping it; its output in one log.
 """
 
@@ -12,11 +12,11 @@ from __future__ import annotations
 import importlib.util
 import os
 import subprocess
-import sys
 
+from b70bench import children
 from b70bench.errors import UsageError
 from b70bench.fingerprint import dist_version
-from b70bench.stack import environment, process
+from b70bench.stack import environment
 
 ENGINE, SERVER = "engine", "server"
 ROLES = (ENGINE, SERVER)
@@ -124,15 +124,8 @@ def spawn(
     prefix: tuple[str, ...] | list[str] = (),
     text: bool = False,
 ) -> subprocess.Popen:
-    """`python -m module args` as a process of the stack under test, its output to the open file `log`. prefix runs
-    before the interpreter and must exec it (setarch does), so the pid is still the process group's id."""
-    return subprocess.Popen(
-        [*prefix, *process.guarded(python or sys.executable, module, *args)],
-        stdin=stdin,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        env=env,
-        pass_fds=pass_fds,
-        start_new_session=True,
-        text=text,
+    """`python -m module args` as a process of the stack under test (children.spawn: guarded, a session of its own),
+    its output to the open file `log`. prefix runs before the interpreter and must exec it (setarch does)."""
+    return children.spawn(
+        module, args, env=env, log=log, python=python, stdin=stdin, pass_fds=pass_fds, prefix=prefix, text=text
     )
