@@ -83,6 +83,11 @@ def search(revs: list[str], measure, out=print) -> dict:
         rest = verdict(hi, len(revs) - 1, "the rest of the range")
         if rest == stats.NO_CHANGE:
             said.append(f"no change after it up to {revs[-1][:10]}: it carries the range's change")
+        elif rest == stats.UNDECIDED:  # not a second change: one that these blocks could not rule out
+            said.append(
+                f"after it up to {revs[-1][:10]} is undecided: whether another change lies there is not decided "
+                f"(b70bench bisect {found[:10]} {revs[-1][:10]} with a larger --budget)"
+            )
         else:
             said.append(
                 f"after it up to {revs[-1][:10]} is {rest}: another change lies there "
@@ -204,7 +209,8 @@ def run(args) -> int:
     res = search(revs, measure, out=lambda line: print(line, flush=True))
     print()
     print(f"{res['outcome']}: " + "; ".join(res["said"]))
-    print(f"{res['verdicts']} verdicts, {res['starts']} starts, {res['minutes']:.1f} min")
+    n = res["verdicts"]
+    print(f"{n} verdict{'' if n == 1 else 's'}, {res['starts']} starts, {res['minutes']:.1f} min")
     if res["found"]:
         print(
             f"its verdict on the page: b70bench revisions {res['found'][:10]}^..{res['found'][:10]} --python "

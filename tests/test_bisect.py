@@ -71,6 +71,14 @@ def test_two_changes_are_said_not_guessed():
     assert "another change lies there (b70bench bisect c04 c12)" in res["said"][-1]
 
 
+def test_an_undecided_rest_of_the_range_is_not_called_a_second_change():
+    speeds = [1.0] * 8 + [1.10] * 5
+    measure, calls = fake(speeds, undecided={(8, 12)})
+    res = bisect.search(history(speeds), measure, out=lambda _l: None)
+    assert res["outcome"] == bisect.FOUND and res["found"] == "c08" and calls[-1] == (8, 12)
+    assert "is undecided: whether another change lies there is not decided" in res["said"][-1], res["said"]
+
+
 def test_an_undecided_or_contrary_step_stops_with_what_was_decided():
     speeds = [1.0] * 8 + [1.10] * 5
     measure, calls = fake(speeds, undecided={(0, 6)})
