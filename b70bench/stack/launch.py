@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import subprocess
 
 from b70bench import children
 from b70bench.errors import UsageError
@@ -112,20 +111,6 @@ def start_env(run: dict, cache_root, embedded: bool, plugin_dir=None) -> dict:
     return environment.child_env(run, cache_root, embedded, plugin_dir)
 
 
-def spawn(
-    module: str,
-    args: list[str],
-    *,
-    env: dict,
-    log,
-    python: str | None = None,
-    stdin=subprocess.DEVNULL,
-    pass_fds: tuple[int, ...] = (),
-    prefix: tuple[str, ...] | list[str] = (),
-    text: bool = False,
-) -> subprocess.Popen:
-    """`python -m module args` as a process of the stack under test (children.spawn: guarded, a session of its own),
-    its output to the open file `log`. prefix runs before the interpreter and must exec it (setarch does)."""
-    return children.spawn(
-        module, args, env=env, log=log, python=python, stdin=stdin, pass_fds=pass_fds, prefix=prefix, text=text
-    )
+# `python -m module args` as a process of the stack under test: guarded, in a session of its own, its output to one
+# log (children.spawn, named here so that every start of the stack goes through this module).
+spawn = children.spawn
