@@ -6,7 +6,8 @@ for `b70bench compare`:
 DEST/base: vLLM as installed (plus the shipped series where it targets this vLLM). DEST/graph: `reps` size x size
 products per decoder layer and step inside the compiled graph (tokens unchanged). DEST/branch: a default-off branch
 in the attention (same speed, another compiled graph). DEST/flagged: graph's work behind the env flag NAME, default
-off (b70bench.patches.synthetic.demo_series says more).
+off. DEST/numerics: attention outputs scaled by 1.02, the same work and other tokens
+(b70bench.patches.synthetic.demo_series says more).
 """
 
 from __future__ import annotations

