@@ -13,6 +13,7 @@ a larger budget for what stayed undecided, reuses every verdict it has.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -20,9 +21,9 @@ import sys
 import time
 from pathlib import Path
 
-from b70bench import children, history, pairing, state, stats, walklog
+from b70bench import children, history, pairing, state, stats, walkdesign, walklog
 from b70bench.errors import UsageError
-from b70bench.paired import stopping
+from b70bench.paired import chain, stopping
 from b70bench.stack import model as decode_model
 
 FOUND, NO_CHANGE, STOPPED = "found", "no change in the range", "stopped"
@@ -96,6 +97,78 @@ def search(revs: list[str], measure, out=print) -> dict:
     return _outcome(FOUND, found, steps, said, parent=revs[lo])
 
 
+# Segments a design step splits its range into: each step starts ways + 1 commits a pass, and a change is placed
+# in log_ways(commits) steps. Four is about where a step's extra starts stop paying for the steps they save.
+WAYS = 4
+
+
+def spread(lo: int, hi: int, ways: int = WAYS) -> list[int]:
+    """The indices a design step over revs[lo..hi] starts: both ends and ways - 1 commits evenly between them (every
+    commit where the range holds `ways` or fewer)."""
+    return sorted({lo + round(k * (hi - lo) / ways) for k in range(ways + 1)})
+
+
+def design_steps(commits: int, ways: int = WAYS) -> list[int]:
+    """Segments of each step a design bisect of `commits` commits takes to place one change, the widest way down."""
+    out, n = [], commits
+    while True:
+        points = spread(0, n, ways)
+        out.append(len(points) - 1)
+        n = max(b - a for a, b in zip(points, points[1:], strict=False))
+        if n <= 1:
+            return out
+
+
+def search_design(revs: list[str], measure_chain, out=print, ways: int = WAYS) -> dict:
+    """revs as search's. measure_chain(commits) -> {commit: its result against the commit before it in the list} for
+    commits measured as one design. Each step measures a range's ends and ways - 1 commits between them; a segment
+    slower or faster is searched the same way until it is one commit, one with no change is done, and anything else
+    (undecided, tokens that differ, a commit left out) is said as not decided. Several changes are each found."""
+    steps: list[dict] = []
+    found: list[tuple[str, str, str]] = []  # (commit, parent, word)
+    open_: list[str] = []  # what was not decided
+    todo, costs, segments = [(0, len(revs) - 1)], [], 0
+    while todo:
+        lo, hi = todo.pop(0)
+        points = [revs[i] for i in spread(lo, hi, ways)]
+        got = measure_chain(points)
+        costs.append(next((r["design"] for r in got.values() if r.get("design")), {}))
+        segments = segments or len(points) - 1
+        kept = [points[0], *(c for c in points[1:] if c in got)]  # a commit whose series fails is left out
+        for c in points[1:]:
+            if c not in got:
+                out(f"  {c[:10]}: left out of the design (its patch set does not apply or build)")
+        for a, b in zip(kept, kept[1:], strict=False):
+            i, j = revs.index(a), revs.index(b)
+            res = got[b]
+            w = word(res)
+            steps.append({"a": a, "b": b, "why": f"design {len(costs)}", "word": w, **_figures(res)})
+            out(f"  [{len(steps)}] {b[:10]} against {a[:10]} ({j - i} commit{'' if j - i == 1 else 's'}): {_text(res)}")
+            if w in (stats.SLOWER, stats.FASTER):
+                if j - i == 1:
+                    found.append((b, a, w))
+                elif (i, j) == (lo, hi):  # every commit between them left out: nothing narrows it further
+                    open_.append(f"{b[:10]} is {w} against {a[:10]}; the commits between them cannot be measured")
+                else:
+                    todo.append((i, j))
+            elif w != stats.NO_CHANGE:
+                what = "B's speed withheld (tokens differ)" if w == WITHHELD else w
+                open_.append(f"{b[:10]} against {a[:10]}: {what}; whether a change lies there is not decided")
+    said = [f"{b[:10]} is {w} against its parent {a[:10]}" for b, a, w in found] + open_
+    more = {
+        "designs": len(costs),
+        "found_all": [b for b, _a, _w in found],
+        "starts": sum(c.get("starts") or 0 for c in costs),  # a design's starts serve several verdicts: count once
+        "minutes": sum(c.get("minutes") or 0 for c in costs),
+    }
+    if not found and not open_:
+        line = f"no change between {revs[0][:10]} and {revs[-1][:10]} in any of its {segments} segments"
+        return _outcome(NO_CHANGE, None, steps, [line], **more)
+    if found and not open_:
+        return _outcome(FOUND, found[0][0], steps, said, parent=found[0][1], **more)
+    return _outcome(STOPPED, None, steps, said, **more)
+
+
 def _figures(res: dict) -> dict:
     return {k: res.get(k) for k in ("ratio", "lo", "hi", "text", "blocks", "starts", "minutes")}
 
@@ -154,7 +227,20 @@ def plan_lines(args, pre, revs: list[str]) -> list[str]:
         f"at most ~{most * args.budget:g} min",
         f"  a walk of each commit against its parent instead: {n} verdicts, {least * n}+ starts, at most "
         f"~{n * args.budget:g} min",
+        design_plan_line(args, n),
     ]
+
+
+def design_plan_line(args, commits: int) -> str:
+    """What --design costs for one change, in starts (one engine at a time) and minutes at most."""
+    steps = design_steps(commits)
+    least = sum(chain.least_starts(s) for s in steps)
+    most = sum(chain.most_starts(s) for s in steps)
+    return (
+        f"  --design ({WAYS + 1} commits a design, one engine at a time): {len(steps)} designs of "
+        f"{', '.join(str(s) for s in steps)} segments for one change, {chain.least_starts(steps[0])} starts at least "
+        f"(no change in the range), {least} to {most} for one change, at most ~{sum(steps) * args.budget:g} min"
+    )
 
 
 def run(args) -> int:
@@ -170,6 +256,10 @@ def run(args) -> int:
     commits = history.commits_in(repo, f"{ends[0]}..{ends[1]}")
     revs = [ends[0], *commits]
     pre = pairing.prepare(args)
+    if args.design and (args.suite != "decode" or any(pre.settings.values()) or args.max_starts is not None):
+        raise UsageError("--design measures commits against each other on the decode suite, by --budget: drop "
+                         "--suite serve, the side settings (--a-env, --b-env, ...) and --max-starts, or drop "
+                         "--design")  # fmt: skip
     if args.plan:
         print("\n".join(plan_lines(args, pre, revs)))
         return 0
@@ -191,6 +281,27 @@ def run(args) -> int:
     )
     children.unwind_on_sigterm()  # SIGTERM stops and reaps every engine on the way out, as Ctrl-C does
 
+    if args.design:
+        rule = pairing.rule(args)
+        journal_dir = log.path.parent / "bisect-design"
+
+        def measure_chain(commits: list[str]) -> dict:
+            step = dataclasses.replace(rule, budget_s=rule.budget_s * (len(commits) - 1))
+            say = lambda line: print(f"    {line}", flush=True)  # noqa: E731
+            return walkdesign.measure_chain(
+                repo, commits, pre.stack, pre.env, pre.python, step, args.shape, journal_dir, say,
+                tag=f"{log.key} rounds {args.rounds}",
+            )  # fmt: skip
+
+        print(
+            f"b70bench bisect --design {revs[0][:10]}..{revs[-1][:10]} ({len(commits)} commits): "
+            f"{pre.stack.describe()}; {WAYS + 1} commits a design, one engine at a time; budget "
+            f"{pairing.budget_text(args)} a segment; starts journalled in {journal_dir}",
+            flush=True,
+        )
+        res = search_design(revs, measure_chain, out=lambda line: print(line, flush=True))
+        return report(args, res)
+
     def measure(a: str, b: str) -> dict:
         known = log.get(a, b)
         if known is not None:
@@ -207,10 +318,16 @@ def run(args) -> int:
         flush=True,
     )
     res = search(revs, measure, out=lambda line: print(line, flush=True))
+    return report(args, res)
+
+
+def report(args, res: dict) -> int:
+    """The outcome, what each verdict decided, the cost; the found commit's page verdict command; --json."""
     print()
     print(f"{res['outcome']}: " + "; ".join(res["said"]))
     n = res["verdicts"]
-    print(f"{n} verdict{'' if n == 1 else 's'}, {res['starts']} starts, {res['minutes']:.1f} min")
+    designs = f"{res['designs']} design{'' if res['designs'] == 1 else 's'}, " if "designs" in res else ""
+    print(f"{designs}{n} verdict{'' if n == 1 else 's'}, {res['starts']} starts, {res['minutes']:.1f} min")
     if res["found"]:
         print(
             f"its verdict on the page: b70bench revisions {res['found'][:10]}^..{res['found'][:10]} --python "
@@ -234,5 +351,12 @@ def register(sub) -> None:
     )
     p.add_argument("good", help="the commit before the change (excluded from the range)")
     p.add_argument("bad", help="the commit with it")
+    p.add_argument(
+        "--design",
+        action="store_true",
+        help=f"decode: measure {WAYS + 1} commits of the range at a time as one design (each started once a pass, one "
+        "engine at a time, every start serving both neighbours' verdicts), then the segment that changed the same "
+        "way, until one commit; fewer starts than pairs where starts are one at a time",
+    )
     pairing.add_measure_options(p, ("decode", "serve"))
     p.set_defaults(func=run)

