@@ -18,11 +18,11 @@
 #   plan        `compare base flagged --b-env FLAG=1 --plan`: what the measurement will cost, before it runs
 #   serve       `serve --stack` at 1 and 4 requests, beside `vllm bench serve`
 # Environment: PARTS (the folder of the parts and parts.json; setup needs it until SITE holds vLLM), EXTRA (more
-# wheels for SITE), WORK (models,
-# stacks, series, caches, logs in WORK/logs; default results/vllm-gpu/work), SITE (WORK/site), OUT (results/vllm-gpu:
-# one .tgz a call of every log and JSON it wrote), PYTHON (python3),
-# BUDGET (compare minutes, 4), REPS and SIZE (the graph series' work, 8 and 64; WORK_MS instead of REPS: as many
-# SIZE x SIZE products as take about that many GPU milliseconds a step, timed here first).
+# wheels for SITE), WORK (models, stacks, series, caches, logs in WORK/logs; default results/vllm-gpu/work), SITE
+# (WORK/site), OUT (results/vllm-gpu: one .tgz a call of every log and JSON it wrote), PYTHON (python3), CMP (alt or
+# together: the stack of the flag, numerics and plan stages; alt), ARGS (more compare options for flag and numerics,
+# e.g. --max-starts 4), BUDGET (compare minutes, 4), REPS and SIZE (the graph series' work, 8 and 64; WORK_MS
+# instead of REPS: as many SIZE x SIZE products as take about that many GPU milliseconds a step, timed here first).
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$ROOT" || exit 1
@@ -35,6 +35,7 @@ export PYTHONPATH=$SITE:$ROOT${PYTHONPATH:+:$PYTHONPATH}
 export B70BENCH_COMMIT=${B70BENCH_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 B="$PY -m b70bench"
 ALT=$WORK/alt.toml; TOG=$WORK/together.toml; S=$WORK/series
+CMP=$WORK/${CMP:-alt}.toml  # the stack of the flag, numerics and plan stages: alt (one engine at a time) or together
 
 stage() {  # NAME LIMIT_S COMMAND...: one logged, time-limited step
   local name=$1 limit=$2; shift 2
@@ -46,7 +47,7 @@ stage() {  # NAME LIMIT_S COMMAND...: one logged, time-limited step
   echo "== $name: rc=$rc in $((SECONDS - t0)) s"
 }
 
-stack_file() {  # PATH MEMORY_FRACTION
+stack_file() {  # PATH MEMORY_FRACTION [MORE_LINES]
   cat > "$1" <<EOF
 name = "tiny-$(basename "$1" .toml)-cuda"
 backend = "cuda"
@@ -58,6 +59,7 @@ start_timeout_s = 600
 
 [engine_args]
 attention_backend = "TRITON_ATTN"
+${3:-}
 EOF
 }
 
@@ -74,7 +76,8 @@ setup() {
   $PY -c 'import torch, triton, vllm; print("torch", torch.__version__, "triton", triton.__version__,
                                           "vllm", vllm.__version__, "gpu", torch.cuda.get_device_name(0))' || return 1
   [[ -d $WORK/tiny-model ]] || $B stack write-model "$WORK/tiny-model" || return 1
-  stack_file "$ALT" 0.9; stack_file "$TOG" 0.4
+  # Two engines at once: vLLM 0.20.1 otherwise reserves its CUDA-graph memory estimate out of each one's share.
+  stack_file "$ALT" 0.9; stack_file "$TOG" 0.4 $'[env]\nVLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS = "0"'
   local reps=${REPS:-8}
   if [[ -n ${WORK_MS:-} ]]; then  # reps of SIZE x SIZE products for about WORK_MS of GPU time a step (two layers)
     reps=$($PY - "$WORK_MS" "${SIZE:-64}" <<'PYEOF'
@@ -124,13 +127,14 @@ for st in "$@"; do
           --json "$LOGS/compare-branch.json" --out-dir "$WORK/compare-branch" ;;
     flag|flag-on|flag-off)
       [[ $st == flag-off ]] || stage compare-flag-on "${LIMIT:-590}" $B compare "$S/base" "$S/flagged" \
-        --b-env VLLM_B70BENCH_FLAGGED_WORK=1 --stack "$ALT" --budget "$BUDGET" --json "$LOGS/compare-flag-on.json" \
-        --out-dir "$WORK/compare-flag-on"
-      [[ $st == flag-on ]] || stage compare-flag-off "${LIMIT:-590}" $B compare "$S/base" "$S/flagged" --stack "$ALT" \
-        --budget "$BUDGET" --json "$LOGS/compare-flag-off.json" --out-dir "$WORK/compare-flag-off" ;;
-    numerics) stage compare-numerics "${LIMIT:-590}" $B compare "$S/base" "$S/numerics" --stack "$ALT" \
+        --b-env VLLM_B70BENCH_FLAGGED_WORK=1 --stack "$CMP" ${ARGS:-} --budget "$BUDGET" \
+        --json "$LOGS/compare-flag-on.json" --out-dir "$WORK/compare-flag-on"
+      [[ $st == flag-on ]] || stage compare-flag-off "${LIMIT:-590}" $B compare "$S/base" "$S/flagged" \
+        --stack "$CMP" ${ARGS:-} --budget "$BUDGET" --json "$LOGS/compare-flag-off.json" \
+        --out-dir "$WORK/compare-flag-off" ;;
+    numerics) stage compare-numerics "${LIMIT:-590}" $B compare "$S/base" "$S/numerics" --stack "$CMP" ${ARGS:-} \
           --budget "$BUDGET" --json "$LOGS/compare-numerics.json" --out-dir "$WORK/compare-numerics" ;;
-    plan) stage compare-plan 120 $B compare "$S/base" "$S/flagged" --b-env VLLM_B70BENCH_FLAGGED_WORK=1 --stack "$ALT" \
+    plan) stage compare-plan 120 $B compare "$S/base" "$S/flagged" --b-env VLLM_B70BENCH_FLAGGED_WORK=1 --stack "$CMP" \
           --plan ;;
     serve) stage serve 590 $B serve --stack "$ALT" --concurrency 1 4 --anchor-rounds 2 --json "$LOGS/serve.json" \
           --pytorch-json "$LOGS/serve.pytorch.json" --out-dir "$WORK/serve" ;;
