@@ -113,11 +113,12 @@ def measure_chain(
     journal_dir: Path,
     out=print,
     tag: str = "",
+    **series_kw,
 ) -> dict[str, dict]:
     """`keys` (commits in order, the first the base) measured as one design at one shape: {commit: its result
     against the commit before it that builds}. Starts are journalled under journal_dir, keyed by the commits kept,
     the shape and `tag` (what else the verdicts depend on): the same call after a kill replays them and goes on from
-    the next start."""
+    the next start. series_kw: more of decode.pair.design_series' options (tests: engine_cls, spec)."""
     with tempfile.TemporaryDirectory(prefix="b70bench-design-") as tmp:
         dirs = {k: export_patches(repo, k, Path(tmp) / k / "patches") for k in keys}
         with patches.env_lock(env, f"b70bench design over {len(keys)} commits (overlays)"):
@@ -135,6 +136,7 @@ def measure_chain(
                 cache_dir=sides.paired_cache_dir(),
                 journal=Path(journal_dir) / f"journal-{shape}-{kept}.jsonl",
                 out=out,
+                **series_kw,
             )
 
 

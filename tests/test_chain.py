@@ -320,3 +320,57 @@ def test_a_commit_whose_series_does_not_apply_is_left_out_of_the_design(tmp_path
     assert list(kept) == ["c0", "c2"] and said and said[0].startswith("  c1: left out of the design (")
     with pytest.raises(UsageError, match="the design's base c1 cannot be used"):
         walkdesign.usable({"c1": stale, "c2": empty}, env, said.append)
+
+
+def test_a_design_bisect_over_git_commits_finds_the_slow_one_and_resumes(tmp_path, monkeypatch, fake_vllm):
+    """bisect --design's measurement (walkdesign.measure_chain) over a git history of patch sets, with engines that
+    stand in for vLLM: eight commits, the sixth adds the 10% swap; two designs (five commits, then three) find it,
+    and the same search run again starts nothing (every start replayed from the journal)."""
+    from gitrepo import git
+
+    from b70bench import bisect, walkdesign
+    from b70bench.decode import pair
+    from b70bench.stack import description
+
+    env, site, _empty = fake_vllm
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(TESTS), str(site)]))
+
+    class FakeLive(pair.Engine):
+        module = "fake_live"
+
+    class NoStart(pair.Engine):
+        def __init__(self, *a, **kw):
+            raise AssertionError("a start the journal holds was started again")
+
+    repo = tmp_path / "repo"
+    git(tmp_path, "init", "-q", "-b", "main", str(repo))
+    (repo / "patches").mkdir()
+    (repo / "patches" / "series").write_text("")
+    model = fakedist.MODEL
+    for i in range(9):
+        if i == 6:
+            fakedist.write_patch(repo / "patches", "01-swap.patch", TARGET, model, model.replace("q + k", "k + q"),
+                                 MODEL_FILE)  # fmt: skip
+        (repo / "f").write_text(str(i))
+        git(repo, "add", "-A")
+        git(repo, "commit", "-qm", f"c{i}")
+    revs = [git(repo, "rev-parse", f"HEAD~{8 - i}").strip() for i in range(9)]
+    rule = stopping.Rule(rounds=6, budget_s=600.0, level=0.95)
+
+    def designs(engine_cls, calls):
+        def measure_chain(commits):
+            calls.append(commits)
+            return walkdesign.measure_chain(
+                repo, commits, description.default(), env, sys.executable, rule, "p128n128", tmp_path / "journal",
+                out=lambda _: None, tag="test", engine_cls=engine_cls, spec={"output_len": 128},
+            )  # fmt: skip
+
+        return measure_chain
+
+    calls = []
+    res = bisect.search_design(revs, designs(FakeLive, calls), out=lambda _: None)
+    assert res["outcome"] == bisect.FOUND and res["found"] == revs[6] and res["parent"] == revs[5], res["said"]
+    assert [[revs.index(c) for c in got] for got in calls] == [[0, 2, 4, 6, 8], [4, 5, 6]]
+    assert res["starts"] == chain.least_starts(4) + chain.least_starts(2) == 56
+    again = bisect.search_design(revs, designs(NoStart, []), out=lambda _: None)
+    assert again["found"] == revs[6] and [s["ratio"] for s in again["steps"]] == [s["ratio"] for s in res["steps"]]
