@@ -356,12 +356,15 @@ def test_a_design_bisect_over_git_commits_finds_the_slow_one_and_resumes(tmp_pat
         git(repo, "commit", "-qm", f"c{i}")
     revs = [git(repo, "rev-parse", f"HEAD~{8 - i}").strip() for i in range(9)]
     rule = stopping.Rule(rounds=6, budget_s=600.0, level=0.95)
+    (tmp_path / "m").mkdir()  # a stack with no gate pin: the embedded one's pin is of vLLM's tokens, not the fake's
+    (tmp_path / "s.toml").write_text('model = "./m"\nbackend = "cpu"\n')
+    stack = description.load(tmp_path / "s.toml")
 
     def designs(engine_cls, calls):
         def measure_chain(commits):
             calls.append(commits)
             return walkdesign.measure_chain(
-                repo, commits, description.default(), env, sys.executable, rule, "p128n128", tmp_path / "journal",
+                repo, commits, stack, env, sys.executable, rule, "p128n128", tmp_path / "journal",
                 out=lambda _: None, tag="test", engine_cls=engine_cls, spec={"output_len": 128},
             )  # fmt: skip
 
