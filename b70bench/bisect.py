@@ -24,6 +24,7 @@ from pathlib import Path
 from b70bench import children, history, pairing, state, stats, walkdesign, walklog
 from b70bench.errors import UsageError
 from b70bench.paired import chain, stopping
+from b70bench.paired import placement as placements
 from b70bench.stack import model as decode_model
 
 FOUND, NO_CHANGE, STOPPED = "found", "no change in the range", "stopped"
@@ -228,7 +229,7 @@ def plan_lines(args, pre, revs: list[str]) -> list[str]:
         f"  a walk of each commit against its parent instead: {n} verdicts, {least * n}+ starts, at most "
         f"~{n * args.budget:g} min",
         design_plan_line(args, n),
-    ]
+    ] + ([walkdesign.together_note("the per-pair bisect")] if pre.where == placements.TOGETHER else [])
 
 
 def design_plan_line(args, commits: int) -> str:

@@ -68,10 +68,7 @@ def plan_lines(stack: description.Stack, commits: int) -> list[str]:
         f"at most {per_pair_most} ({least / per_pair_least:.0%} at least)",
     ]
     if where == placements.TOGETHER:
-        lines.append(
-            "  two engines fit here: a per-pair walk runs them together, with fewer starts than a design, which "
-            "runs one at a time; the design is for stacks placed alternate"
-        )
+        lines.append(together_note("a per-pair walk"))
     if stack.start_s and stack.call_s is not None:
         calls = s["rounds"] + decode_pair.DEFAULT_WARMUP_CALLS
         per_start = stack.start_s + calls * stack.call_s
@@ -80,6 +77,14 @@ def plan_lines(stack: description.Stack, commits: int) -> list[str]:
             f"{least * per_start / 60:.0f} (per pair {per_pair_least * per_start / 60:.0f}), at most the budget"
         )
     return lines
+
+
+def together_note(per_pair: str) -> str:
+    """Why a design does not pay where two engines fit: said by every plan that offers one."""
+    return (
+        f"  two engines fit here: {per_pair} runs them together, with fewer starts than a design, which runs one at "
+        "a time; the design is for stacks placed alternate"
+    )
 
 
 def usable(dirs: dict[str, Path], env: patches.Env, out=print) -> dict[str, Path]:
