@@ -56,6 +56,7 @@ DEFAULT_DROP = (
 )
 # torch comes with the machine (vLLM pins the exact version it was built against); the rest are optional CUDA kernel
 # libraries that vLLM imports where a backend or quantization uses them, and that are each tens to hundreds of MB.
+# Not apache-tvm-ffi (3 MB): xgrammar 0.2 imports it, and vLLM imports xgrammar whenever an engine starts.
 DEFAULT_SKIP = (
     "torch",
     "torchaudio",
@@ -63,7 +64,6 @@ DEFAULT_SKIP = (
     "triton",
     "flashinfer-python",
     "flashinfer-cubin",
-    "apache-tvm-ffi",
     "tilelang",
     "nvidia-cudnn-frontend",
     "nvidia-cutlass-dsl",
