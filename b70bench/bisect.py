@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 from b70bench import children, history, pairing, state, stats, walkdesign, walklog
+from b70bench.decode import pair as decode_pair
 from b70bench.errors import UsageError
 from b70bench.paired import chain, stopping
 from b70bench.paired import placement as placements
@@ -216,31 +217,43 @@ class Log:
 
 
 def plan_lines(args, pre, revs: list[str]) -> list[str]:
-    """What a bisect may cost, beside a walk of every commit against its parent at the same budget."""
+    """What a bisect may cost, beside a walk of every commit against its parent at the same budget, and --design's.
+    Minutes at least where the stack states what a start and a call cost."""
     n = len(revs) - 1
     least = stopping.least_starts(stopping.DEFAULT_FIRST_BLOCKS, pre.where)
     most = most_verdicts(n)
+    verdict_s = pairing.first_look_cost_s(args, pre.stack, pre.where)
+    at_least = f"~{verdict_s / 60:.0f} min at least, " if verdict_s else ""
     return [
         f"plan: b70bench bisect {revs[0][:10]} {revs[-1][:10]}: {n} commits, {pre.stack.describe()}",
         f"  placement: {pre.where} ({pre.why}); each verdict is compare's: budget {pairing.budget_text(args)}, "
         f"{least} counted starts at least",
         f"  bisect: 1 verdict at least (no change in the range), {most} at most; {least} to {least * most}+ starts, "
-        f"at most ~{most * args.budget:g} min",
+        f"{at_least}at most ~{most * args.budget:g} min",
         f"  a walk of each commit against its parent instead: {n} verdicts, {least * n}+ starts, at most "
         f"~{n * args.budget:g} min",
-        design_plan_line(args, n),
+        design_plan_line(args, pre, n),
     ] + ([walkdesign.together_note("the per-pair bisect")] if pre.where == placements.TOGETHER else [])
 
 
-def design_plan_line(args, commits: int) -> str:
-    """What --design costs for one change, in starts (one engine at a time) and minutes at most."""
+def design_plan_line(args, pre, commits: int) -> str:
+    """What --design costs for one change, in starts (one engine at a time) and minutes."""
     steps = design_steps(commits)
+    first = chain.least_starts(steps[0])
     least = sum(chain.least_starts(s) for s in steps)
     most = sum(chain.most_starts(s) for s in steps)
+    start_s = None
+    if args.suite == "decode" and pre.stack.start_s and pre.stack.call_s is not None:
+        start_s = pre.stack.start_s + (args.rounds + decode_pair.DEFAULT_WARMUP_CALLS) * pre.stack.call_s
+
+    def minutes(starts: int) -> str:
+        return f" (~{starts * start_s / 60:.0f} min)" if start_s else ""
+
     return (
         f"  --design ({WAYS + 1} commits a design, one engine at a time): {len(steps)} designs of "
-        f"{', '.join(str(s) for s in steps)} segments for one change, {chain.least_starts(steps[0])} starts at least "
-        f"(no change in the range), {least} to {most} for one change, at most ~{sum(steps) * args.budget:g} min"
+        f"{', '.join(str(s) for s in steps)} segments for one change; {first} starts{minutes(first)} at least (no "
+        f"change in the range), {least}{minutes(least)} to {most} for one change, at most ~{sum(steps) * args.budget:g}"
+        " min"
     )
 
 
