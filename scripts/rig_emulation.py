@@ -69,18 +69,24 @@ def child_env(work: Path) -> dict:
     return env
 
 
-def b70(work: Path, log: str, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+def b70(work: Path, log: str, *args: str, check: bool = True, core: int | None = None) -> subprocess.CompletedProcess:
+    """b70bench ARGS with its output in WORK/logs/LOG.log; core: run it (and every process it starts) on that core
+    alone, one OpenMP thread, as a paired engine runs on the CPU (b70bench.stack.launch.engine_cpus)."""
     (work / "logs").mkdir(parents=True, exist_ok=True)
-    print(f"== {log}: b70bench {' '.join(args)}", flush=True)
+    print(f"== {log}: b70bench {' '.join(args)}" + (f" (on core {core})" if core is not None else ""), flush=True)
+    env = child_env(work)
+    if core is not None:
+        env["OMP_NUM_THREADS"] = "1"
     t0 = time.monotonic()
     with open(work / "logs" / f"{log}.log", "w") as fh:
         done = subprocess.run(
             [sys.executable, "-m", "b70bench", *args],
             cwd=ROOT,
-            env=child_env(work),
+            env=env,
             stdout=fh,
             stderr=subprocess.STDOUT,
             text=True,
+            preexec_fn=None if core is None else (lambda: os.sched_setaffinity(0, {core})),
         )
     print(f"== {log}: rc {done.returncode} in {time.monotonic() - t0:.0f} s", flush=True)
     if check and done.returncode != 0:
@@ -201,6 +207,9 @@ def sums(work: Path) -> dict:
 
 
 def cost(work: Path) -> None:
+    """A warm start and a call as the walk's engines will pay them: on the CPU a paired engine runs pinned to the
+    last core with one thread, where starts and calls take longer than an unpinned `decode`'s, and the plan is only
+    as right as the costs the stack states."""
     b70(
         work,
         "cost",
@@ -216,6 +225,7 @@ def cost(work: Path) -> None:
         str(work / "cost.json"),
         "--out-dir",
         str(work / "cost"),
+        core=max(os.sched_getaffinity(0)),
     )
     warm = [r for r in json.loads((work / "cost.json").read_text())["records"] if r.get("start_s")][-1]
     call_s = warm["s_per_output_token"] * 64
