@@ -33,6 +33,23 @@ def fake_vllm(tmp_path):
     return patches.Env(tmp_path / "prefix", (str(site),)), site, empty
 
 
+def stand_in_engines(monkeypatch, site):
+    """(engines that stand in for vLLM from tests/fake_live.py, an engine class that fails if it is ever started:
+    what a design replayed from its journal must never do)."""
+    from b70bench.decode import pair
+
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(TESTS), str(site)]))
+
+    class FakeLive(pair.Engine):
+        module = "fake_live"
+
+    class NoStart(pair.Engine):
+        def __init__(self, *a, **kw):
+            raise AssertionError("a start the journal holds was started again")
+
+    return FakeLive, NoStart
+
+
 class Handle:
     def __init__(self, target, side: str, label: str):
         self.target, self.side, self.label = target, side, label
@@ -261,14 +278,7 @@ def test_a_design_of_series_names_the_slow_commit_and_resumes_from_its_journal(t
     slow = tmp_path / "slow"
     model = fakedist.MODEL
     fakedist.write_patch(slow, "01-swap.patch", TARGET, model, model.replace("q + k", "k + q"), MODEL_FILE)
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(TESTS), str(site)]))
-
-    class FakeLive(pair.Engine):
-        module = "fake_live"
-
-    class NoStart(pair.Engine):
-        def __init__(self, *a, **kw):
-            raise AssertionError("a start the journal holds was started again")
+    FakeLive, NoStart = stand_in_engines(monkeypatch, site)
 
     dirs = {"c0": empty, "c1": empty, "c2": slow, "c3": slow}
     # The rule's level is overall: the design looks at per_look_level(0.95), LEVEL.
@@ -329,18 +339,10 @@ def test_a_design_bisect_over_git_commits_finds_the_slow_one_and_resumes(tmp_pat
     from gitrepo import git
 
     from b70bench import bisect, walkdesign
-    from b70bench.decode import pair
     from b70bench.stack import description
 
     env, site, _empty = fake_vllm
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(TESTS), str(site)]))
-
-    class FakeLive(pair.Engine):
-        module = "fake_live"
-
-    class NoStart(pair.Engine):
-        def __init__(self, *a, **kw):
-            raise AssertionError("a start the journal holds was started again")
+    FakeLive, NoStart = stand_in_engines(monkeypatch, site)
 
     repo = tmp_path / "repo"
     git(tmp_path, "init", "-q", "-b", "main", str(repo))
