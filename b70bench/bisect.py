@@ -222,7 +222,7 @@ def plan_lines(args, pre, revs: list[str]) -> list[str]:
     n = len(revs) - 1
     least = stopping.least_starts(stopping.DEFAULT_FIRST_BLOCKS, pre.where)
     most = most_verdicts(n)
-    verdict_s = pairing.first_look_cost_s(args, pre.stack, pre.where)
+    verdict_s = pairing.first_look_cost_s(args, pre.stack, pre.where, pre.dev.backend)
     at_least = f"~{verdict_s / 60:.0f} min at least, " if verdict_s else ""
     return [
         f"plan: b70bench bisect {revs[0][:10]} {revs[-1][:10]}: {n} commits, {pre.stack.describe()}",
@@ -244,7 +244,8 @@ def design_plan_line(args, pre, commits: int) -> str:
     most = sum(chain.most_starts(s) for s in steps)
     start_s = None
     if args.suite == "decode" and pre.stack.start_s and pre.stack.call_s is not None:
-        start_s = pre.stack.start_s + (args.rounds + decode_pair.DEFAULT_WARMUP_CALLS) * pre.stack.call_s
+        calls = args.rounds + decode_pair.DEFAULT_WARMUP_CALLS
+        start_s = stopping.start_cost_s(pre.stack.start_s, pre.stack.call_s, calls)
 
     def minutes(starts: int) -> str:
         return f" (~{starts * start_s / 60:.0f} min)" if start_s else ""

@@ -68,18 +68,19 @@ def format_result(res: dict, labels: dict) -> list[str]:
     return lines
 
 
-def first_look_cost_s(args, stack: description.Stack, where: str) -> float | None:
+def first_look_cost_s(args, stack: description.Stack, where: str, backend: str) -> float | None:
     """Seconds the first look takes where the stack states what a warm start and a call cost (decode), else None."""
     if args.suite != "decode" or not stack.start_s or stack.call_s is None:
         return None
     calls = args.rounds + pair.DEFAULT_WARMUP_CALLS
-    return stopping.first_look_s(stack.start_s, stack.call_s, calls, stopping.DEFAULT_FIRST_BLOCKS, where)
+    in_turn = placements.starts_in_turn(backend)
+    return stopping.first_look_s(stack.start_s, stack.call_s, calls, stopping.DEFAULT_FIRST_BLOCKS, where, in_turn)
 
 
-def check_budget(args, stack: description.Stack, where: str) -> None:
+def check_budget(args, stack: description.Stack, where: str, backend: str) -> None:
     """The budget unless named: sized from the stack's start and call cost (stopping.default_budget_min); a named
     one that cannot reach the first look is refused before anything starts."""
-    cost = first_look_cost_s(args, stack, where)
+    cost = first_look_cost_s(args, stack, where, backend)
     if args.budget is None:
         args.budget = stopping.default_budget_min(cost)
     elif cost and args.budget * 60 < cost:
@@ -138,7 +139,7 @@ def plan_lines(args, stack: description.Stack, dev, where: str, why: str, settin
         else ""
     )
     first = stopping.first_look_blocks(stopping.DEFAULT_FIRST_BLOCKS, where)
-    cost = first_look_cost_s(args, stack, where)
+    cost = first_look_cost_s(args, stack, where, backend)
     if cost:
         lines.append(
             f"  cost: the first look ~{cost / 60:.0f} min ({first} blocks at the stack's warm start "
@@ -175,12 +176,6 @@ def prepare(args) -> Prepared:
     python = args.python or sys.executable
     prefix = Path(args.prefix) if args.prefix else patches.env_prefix(python)
     env = patches.Env(prefix, (args.site_dir,) if args.site_dir else None)
-    if args.budget is not None and args.budget < stopping.MIN_BUDGET_MIN:
-        raise UsageError(
-            f"--budget {args.budget:g} min is too small to decide anything: one block (two engine starts and "
-            f"{args.rounds} paired rounds) takes about a minute here and a verdict needs two: pass --budget "
-            f"{stopping.MIN_BUDGET_MIN:g} or more (default {stopping.DEFAULT_BUDGET_MIN:g})"
-        )
     if args.suite == "serve":
         from b70bench.serve import pair as serve_pair
 
@@ -200,6 +195,12 @@ def prepare(args) -> Prepared:
         raise UsageError(
             f"--rounds {args.rounds} is too few: a block's median needs 4 or more (default {default_rounds})"
         )
+    if args.budget is not None and args.budget < stopping.MIN_BUDGET_MIN:
+        raise UsageError(
+            f"--budget {args.budget:g} min is too small to decide anything: a verdict needs two blocks, each of two "
+            f"starts and {args.rounds} paired rounds (about a minute on a 2-core CPU): pass --budget "
+            f"{stopping.MIN_BUDGET_MIN:g} or more (default {stopping.DEFAULT_BUDGET_MIN:g})"
+        )
     if not 0.5 <= args.level < 1:
         raise UsageError(f"--level {args.level} is outside [0.5, 1): pass e.g. 0.95")
     if not 0 < args.min_effect < 1:
@@ -218,7 +219,7 @@ def prepare(args) -> Prepared:
     stack.check_devices(backend, dev.count)
     judged = side_flags.placement_stack(stack, settings)
     where, why = placements.choose(args.placement, backend, None if args.suite == "moe-down" else judged)
-    check_budget(args, stack, where)
+    check_budget(args, stack, where, backend)
     return Prepared(python, env, stack, dev, where, why, settings)
 
 

@@ -75,6 +75,11 @@ class Walker:
     def restore(self, token: str | None = None) -> subprocess.CompletedProcess:
         return self.patches_cmd("restore", token=token)
 
+    def restore_command(self) -> str:
+        """The command that restores what this walk patches (its --site-dir and --prefix included)."""
+        where = f" --site-dir {self.site_dir} --prefix {self.prefix}" if self.site_dir else ""
+        return f"b70bench revisions --restore --python {self.python}{where}"
+
 
 def asv_command(python: str, commit: str, asv_args: list[str]) -> list[str]:
     # --record-samples: the decode figures keep one sample per start for b70bench's verdicts (asv_plugin).
@@ -177,10 +182,10 @@ def walk(
     ):
         journal = patches.read_journal(walker.env)
         if journal is not None:  # inside the lock: a walk in progress is "in use", not "left patched"
+            applied = ", ".join(journal.get("patches") or []) or "no patch files; a killed walk's journal"
             raise UsageError(
-                f"{walker.prefix} already has patches applied or half-applied "
-                f"({', '.join(journal.get('patches', []))}): run "
-                f"`b70bench revisions --restore --python {walker.python}` first"
+                f"{walker.prefix} already has patches applied or half-applied ({applied}): run "
+                f"`{walker.restore_command()}` first"
             )
         sites = walker.sites()
         for i, commit in enumerate(commits, 1):

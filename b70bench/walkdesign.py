@@ -71,7 +71,7 @@ def plan_lines(stack: description.Stack, commits: int) -> list[str]:
         lines.append(together_note("a per-pair walk"))
     if stack.start_s and stack.call_s is not None:
         calls = s["rounds"] + decode_pair.DEFAULT_WARMUP_CALLS
-        per_start = stack.start_s + calls * stack.call_s
+        per_start = stopping.start_cost_s(stack.start_s, stack.call_s, calls)
         lines.append(
             f"  minutes a shape at the stack's start {stack.start_s:g} s and call {stack.call_s:g} s: at least "
             f"{least * per_start / 60:.0f} (per pair {per_pair_least * per_start / 60:.0f}), at most the budget"

@@ -126,6 +126,51 @@ def test_auto_places_together_on_the_cpu_and_alternate_on_gpus():
         placement.choose("beside", "cpu")
 
 
+class _Recorded:
+    """A target whose processes only log what happens to them, in order."""
+
+    errors = (RuntimeError,)
+
+    def __init__(self, backend: str):
+        self.backend, self.events = backend, []
+
+    def start(self, side, label):
+        self.events.append(f"start {side}")
+        events = self.events
+
+        class H:
+            def ready(self):
+                events.append(f"ready {side}")
+                return {"ok": True}
+
+            def warm(self):
+                pass
+
+            def call(self):
+                return {"latency_s": 1.0, "probe_s": 0.0}
+
+            def stop(self):
+                return []
+
+        return H()
+
+
+@pytest.mark.parametrize(
+    ("backend", "order"),
+    [
+        ("cpu", ["start A", "start B", "ready A", "ready B"]),
+        # vLLM on a GPU sizes its KV cache from the memory free during its start: the second side waits.
+        ("cuda", ["start A", "ready A", "start B", "ready B"]),
+        ("xpu", ["start A", "ready A", "start B", "ready B"]),
+    ],
+)
+def test_together_starts_both_at_once_on_the_cpu_and_in_turn_on_accelerators(backend, order):
+    target = _Recorded(backend)
+    block = placement.run_block(0, target, placement.TOGETHER, rounds=4, warmup_calls=0)
+    assert block.error is None and target.events == order
+    assert set(block.starts) == set(SIDES)
+
+
 def test_calls_alternate_and_each_side_runs_its_own_series(sides, tmp_path):
     b = _block(sides, tmp_path)
     assert b.error is None, b.error
@@ -580,3 +625,15 @@ def test_a_lost_counted_block_ends_the_measurement_and_a_lost_warm_start_does_no
     ran.clear()
     warmed = run(0, warm=True)
     assert not warmed.lost and warmed.decision.word == stats.SLOWER and len(warmed.blocks) > 1, warmed.text()
+
+
+def test_a_first_look_costs_one_start_a_block_together_two_in_turn_and_alternate_its_warm_starts():
+    start, call, calls = 60.0, 0.5, 100
+    blocks = stopping.first_look_blocks(3, placement.TOGETHER)
+    together = stopping.first_look_s(start, call, calls, 3, placement.TOGETHER)
+    assert together == blocks * (start + 2 * calls * call)
+    in_turn = stopping.first_look_s(start, call, calls, 3, placement.TOGETHER, in_turn=True)
+    assert in_turn - together == blocks * start
+    alt_blocks = stopping.first_look_blocks(3, placement.ALTERNATE)
+    alternate = stopping.first_look_s(start, call, calls, 3, placement.ALTERNATE)
+    assert alternate == 2 * stopping.start_cost_s(start, call, calls) * (alt_blocks + 1) == 2 * 110 * (alt_blocks + 1)

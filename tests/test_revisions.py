@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -108,26 +109,12 @@ def test_walk_refuses_a_patched_environment_and_one_command_restores(setup, tmp_
     walker, repo, site = setup
     pdir = revisions.export_patches(repo, git(repo, "rev-parse", "HEAD~1"), tmp_path / "p")
     assert walker.patches_cmd("apply", "--dir", str(pdir)).returncode == 0  # left behind by a killed walk
-    with pytest.raises(UsageError, match="revisions --restore"):
+    with pytest.raises(UsageError, match="revisions --restore") as refused:
         revisions.walk(walker, [git(repo, "rev-parse", "HEAD")], [], run_benchmarks=lambda c, e: 0)
+    # The command the refusal names, as a user would paste it: it restores this walk's --site-dir and --prefix.
+    named = re.search(r"`b70bench (revisions --restore[^`]*)`", str(refused.value)).group(1).split()
     done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "b70bench",
-            "revisions",
-            "--restore",
-            "--python",
-            sys.executable,
-            "--site-dir",
-            walker.site_dir,
-            "--prefix",
-            str(walker.prefix),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=ROOT,
+        [sys.executable, "-m", "b70bench", *named], capture_output=True, text=True, timeout=120, cwd=ROOT
     )
     assert done.returncode == 0, done.stderr
     assert fakedist.model_path(site).read_text() == fakedist.MODEL

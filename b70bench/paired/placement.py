@@ -74,6 +74,14 @@ def choose(requested: str, backend: str, stack: Fits | None = None) -> tuple[str
     return (TOGETHER if fits else ALTERNATE), f"auto: {why}"
 
 
+def starts_in_turn(backend: str) -> bool:
+    """Together on a GPU or XPU starts the second side once the first is ready: vLLM sizes its KV cache there from
+    the device memory free during its start, so an engine starting beside another counts the other's memory as
+    used (a cache of a fraction of its share, or no cache at all and a failed start). On the CPU the KV cache is a
+    fixed size and both sides start at once."""
+    return backend != "cpu"
+
+
 def _timed(handle, side: str, rnd: int, t0: float) -> dict:
     got = handle.call()
     return {**got, "side": side, "round": rnd, "t_s": round(time.monotonic() - t0, 4)}
@@ -98,10 +106,14 @@ def run_block(
     handles: dict[str, Handle] = {}
     try:
         if placement == TOGETHER:
+            in_turn = starts_in_turn(getattr(target, "backend", "cpu"))
             for s in order:
                 handles[s] = target.start(s, f"block{index:02d}-{s}")
+                if in_turn:
+                    block.starts[s] = handles[s].ready()
             for s in order:
-                block.starts[s] = handles[s].ready()
+                if s not in block.starts:
+                    block.starts[s] = handles[s].ready()
             for i in range(warmup_calls):
                 for s in order if i % 2 == 0 else order[::-1]:
                     handles[s].warm()

@@ -62,14 +62,23 @@ def least_starts(first_blocks: int, placement: str) -> int:
     return warm + len(SIDES) * first_look_blocks(first_blocks, placement)
 
 
-def first_look_s(start_s: float, call_s: float, calls: int, first_blocks: int, placement: str) -> float:
+def start_cost_s(start_s: float, call_s: float, calls: int) -> float:
+    """Seconds one process of a side costs when it runs alone: its warm start and its `calls` calls (warm-ups
+    included). A walk design's starts and an alternate block's are each one of these."""
+    return start_s + calls * call_s
+
+
+def first_look_s(
+    start_s: float, call_s: float, calls: int, first_blocks: int, placement: str, in_turn: bool = False
+) -> float:
     """Seconds a first look takes on a stack whose warm start takes start_s and one call call_s (`calls` a start,
     warm-ups included): alternate runs one process at a time, after one uncounted start a side; together starts both
-    sides' processes at once and alternates their calls."""
+    sides' processes at once (in_turn: one after the other, placement.starts_in_turn) and alternates their calls."""
     blocks = first_look_blocks(first_blocks, placement)
     if placement == placements.ALTERNATE:
-        return len(SIDES) * (start_s + calls * call_s) * (blocks + 1)
-    return blocks * (start_s + len(SIDES) * calls * call_s)
+        return len(SIDES) * start_cost_s(start_s, call_s, calls) * (blocks + 1)
+    starts = len(SIDES) if in_turn else 1
+    return blocks * (starts * start_s + len(SIDES) * calls * call_s)
 
 
 def default_budget_min(first_look: float | None) -> float:
