@@ -73,8 +73,7 @@ def first_look_cost_s(args, stack: description.Stack, where: str, backend: str) 
     if args.suite != "decode" or not stack.start_s or stack.call_s is None:
         return None
     calls = args.rounds + pair.DEFAULT_WARMUP_CALLS
-    in_turn = placements.starts_in_turn(backend)
-    return stopping.first_look_s(stack.start_s, stack.call_s, calls, stopping.DEFAULT_FIRST_BLOCKS, where, in_turn)
+    return stopping.first_look_s(stack.start_s, stack.call_s, calls, stopping.DEFAULT_FIRST_BLOCKS, where, backend)
 
 
 def check_budget(args, stack: description.Stack, where: str, backend: str) -> None:

@@ -632,7 +632,7 @@ def test_a_first_look_costs_one_start_a_block_together_two_in_turn_and_alternate
     blocks = stopping.first_look_blocks(3, placement.TOGETHER)
     together = stopping.first_look_s(start, call, calls, 3, placement.TOGETHER)
     assert together == blocks * (start + 2 * calls * call)
-    in_turn = stopping.first_look_s(start, call, calls, 3, placement.TOGETHER, in_turn=True)
+    in_turn = stopping.first_look_s(start, call, calls, 3, placement.TOGETHER, backend="cuda")
     assert in_turn - together == blocks * start
     alt_blocks = stopping.first_look_blocks(3, placement.ALTERNATE)
     alternate = stopping.first_look_s(start, call, calls, 3, placement.ALTERNATE)

@@ -130,9 +130,7 @@ def walk_budget_min(stack: Stack, backend: str) -> tuple[float, str]:
     if stack.start_s and stack.call_s is not None:
         where, _why = placements.choose(placements.AUTO, backend, stack)
         calls = walk_rounds(stack, backend)[0] + DEFAULT_WARMUP_CALLS
-        first = stopping.first_look_s(
-            stack.start_s, stack.call_s, calls, stopping.WALK_FIRST_BLOCKS, where, placements.starts_in_turn(backend)
-        )
+        first = stopping.first_look_s(stack.start_s, stack.call_s, calls, stopping.WALK_FIRST_BLOCKS, where, backend)
         return stopping.default_budget_min(first), (
             f"the first look and one doubling at the stack's start {stack.start_s:g} s and call {stack.call_s:g} s"
         )

@@ -69,15 +69,16 @@ def start_cost_s(start_s: float, call_s: float, calls: int) -> float:
 
 
 def first_look_s(
-    start_s: float, call_s: float, calls: int, first_blocks: int, placement: str, in_turn: bool = False
+    start_s: float, call_s: float, calls: int, first_blocks: int, placement: str, backend: str = "cpu"
 ) -> float:
     """Seconds a first look takes on a stack whose warm start takes start_s and one call call_s (`calls` a start,
     warm-ups included): alternate runs one process at a time, after one uncounted start a side; together starts both
-    sides' processes at once (in_turn: one after the other, placement.starts_in_turn) and alternates their calls."""
+    sides' processes at once (on `backend`'s accelerators one after the other: placement.starts_in_turn) and
+    alternates their calls."""
     blocks = first_look_blocks(first_blocks, placement)
     if placement == placements.ALTERNATE:
         return len(SIDES) * start_cost_s(start_s, call_s, calls) * (blocks + 1)
-    starts = len(SIDES) if in_turn else 1
+    starts = len(SIDES) if placements.starts_in_turn(backend) else 1
     return blocks * (starts * start_s + len(SIDES) * calls * call_s)
 
 
