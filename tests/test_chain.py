@@ -76,6 +76,7 @@ class Fake:
     starts numbered first..last (counting warm starts) is `slowdown` times slower, as a CPU hog beside them makes it."""
 
     errors = (RuntimeError,)
+    backend = "cpu"
 
     def __init__(self, speed: dict, noisy=(), swing=0.3, fail=(), kill_at=None, hog=None, drift=0.002):
         self.speed, self.noisy, self.swing, self.fail, self.kill_at = speed, set(noisy), swing, set(fail), kill_at
@@ -168,7 +169,7 @@ def test_a_hog_over_a_stretch_of_starts_names_no_noop_and_still_names_the_slowdo
 class PairOf:
     """The per-pair walk's target over the same fake host: side A a commit's parent, side B the commit."""
 
-    errors = Fake.errors
+    errors, backend = Fake.errors, Fake.backend
 
     def __init__(self, fake: Fake, parent: str, commit: str):
         self.fake, self.names = fake, {"A": parent, "B": commit}

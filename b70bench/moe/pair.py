@@ -34,6 +34,7 @@ class Target:
 
     def __init__(self, specs: dict[str, dict], out_dir: Path, *, python: str | None = None, engine_cls=KernelEngine):
         self.specs, self.out_dir, self.python, self.engine_cls = specs, out_dir, python, engine_cls
+        (self.backend,) = {spec["backend"] for spec in specs.values()}  # both sides run on one backend
 
     def start(self, side: str, label: str) -> EngineHandle:
         env = dict(os.environ, TRITON_CACHE_DIR=str(self.out_dir / f"triton-cache-{side}"), PYTHONUNBUFFERED="1")

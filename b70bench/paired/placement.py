@@ -44,9 +44,11 @@ class Handle(Protocol):
 
 
 class Target(Protocol):
-    """What a side runs. errors: the exceptions that fail one side (its block then fails with that line)."""
+    """What a side runs. errors: the exceptions that fail one side (its block then fails with that line); backend:
+    where its processes run ("cpu", "cuda", "xpu"), which decides whether together starts them in turn."""
 
     errors: tuple[type[BaseException], ...]
+    backend: str
 
     def start(self, side: str, label: str) -> Handle: ...
 
@@ -106,7 +108,7 @@ def run_block(
     handles: dict[str, Handle] = {}
     try:
         if placement == TOGETHER:
-            in_turn = starts_in_turn(getattr(target, "backend", "cpu"))
+            in_turn = starts_in_turn(target.backend)
             for s in order:
                 handles[s] = target.start(s, f"block{index:02d}-{s}")
                 if in_turn:
