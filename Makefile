@@ -43,13 +43,14 @@ preview: venv
 	$(PY) -m asv preview --config $(ASV_CONF)
 
 # Tests share the cores (pytest-xdist, a worker a core, at most TEST_WORKERS; a file stays on one worker, so a
-# module's fixture starts once), except those marked `alone`, which assert verdicts read off this host's timings or
+# module's fixture starts once; files are handed out in tests/conftest.py's order, slow ones first, not xdist's
+# most-tests-first, which left the longest files to the end), except those marked `alone`, which assert verdicts read off this host's timings or
 # patch this environment's vLLM: they run afterwards, by themselves.
 TEST_WORKERS ?= 4
 test: venv
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
-	$(PY) -m pytest -m "not alone" -n auto --maxprocesses $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not alone" -n auto --maxprocesses $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 	$(PY) -m pytest -m alone $(PYTEST_ARGS)
 
 # The docs' examples marked "# long" (compares, walks: hours in all), one at a time.
