@@ -24,8 +24,7 @@ from pathlib import Path
 from b70bench import children, history, pairing, state, stats, walkdesign, walklog
 from b70bench.decode import pair as decode_pair
 from b70bench.errors import UsageError
-from b70bench.paired import chain, stopping
-from b70bench.paired import placement as placements
+from b70bench.paired import stopping
 from b70bench.stack import model as decode_model
 
 FOUND, NO_CHANGE, STOPPED = "found", "no change in the range", "stopped"
@@ -233,15 +232,16 @@ def plan_lines(args, pre, revs: list[str]) -> list[str]:
         f"  a walk of each commit against its parent instead: {n} verdicts, {least * n}+ starts, at most "
         f"~{n * args.budget:g} min",
         design_plan_line(args, pre, n),
-    ] + ([walkdesign.together_note("the per-pair bisect")] if pre.where == placements.TOGETHER else [])
+    ]
 
 
 def design_plan_line(args, pre, commits: int) -> str:
-    """What --design costs for one change, in starts (one engine at a time) and minutes."""
+    """What --design costs for one change, in starts (placed as the per-pair bisect is) and minutes."""
     steps = design_steps(commits)
-    first = chain.least_starts(steps[0])
-    least = sum(chain.least_starts(s) for s in steps)
-    most = sum(chain.most_starts(s) for s in steps)
+    counts = [walkdesign.starts_range(s, pre.where, stopping.DEFAULT_FIRST_BLOCKS) for s in steps]
+    first = counts[0][0]
+    least = sum(c[0] for c in counts)
+    most = sum(c[1] for c in counts)
     start_s = None
     if args.suite == "decode" and pre.stack.start_s and pre.stack.call_s is not None:
         calls = args.rounds + decode_pair.DEFAULT_WARMUP_CALLS
@@ -251,7 +251,7 @@ def design_plan_line(args, pre, commits: int) -> str:
         return f" (~{starts * start_s / 60:.0f} min)" if start_s else ""
 
     return (
-        f"  --design ({WAYS + 1} commits a design, one engine at a time): {len(steps)} designs of "
+        f"  --design ({WAYS + 1} commits a design, {walkdesign.alive_text(pre.where)}): {len(steps)} designs of "
         f"{', '.join(str(s) for s in steps)} segments for one change; {first} starts{minutes(first)} at least (no "
         f"change in the range), {least}{minutes(least)} to {most} for one change, at most ~{sum(steps) * args.budget:g}"
         " min"
@@ -305,12 +305,12 @@ def run(args) -> int:
             say = lambda line: print(f"    {line}", flush=True)  # noqa: E731
             return walkdesign.measure_chain(
                 repo, commits, pre.stack, pre.env, pre.python, step, args.shape, journal_dir, say,
-                tag=f"{log.key} rounds {args.rounds}",
+                tag=f"{log.key} rounds {args.rounds} {pre.where}", placement=pre.where,
             )  # fmt: skip
 
         print(
             f"b70bench bisect --design {revs[0][:10]}..{revs[-1][:10]} ({len(commits)} commits): "
-            f"{pre.stack.describe()}; {WAYS + 1} commits a design, one engine at a time; budget "
+            f"{pre.stack.describe()}; {WAYS + 1} commits a design, {walkdesign.alive_text(pre.where)}; budget "
             f"{pairing.budget_text(args)} a segment; starts journalled in {journal_dir}",
             flush=True,
         )

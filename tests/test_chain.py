@@ -66,6 +66,7 @@ class Handle:
         return {"latency_s": self.target.latency(self.side, self.label, self.n), "probe_s": 1.0}
 
     def stop(self) -> list[int]:
+        self.target.alive.remove(self.label)
         return []
 
 
@@ -82,6 +83,8 @@ class Fake:
         self.speed, self.noisy, self.swing, self.fail, self.kill_at = speed, set(noisy), swing, set(fail), kill_at
         self.hog, self.drift = hog, drift
         self.started: list[str] = []
+        self.alive: list[str] = []  # labels of the engines started and not yet stopped
+        self.most_alive = 0
 
     def start(self, side: str, label: str) -> Handle:
         if self.kill_at is not None and len(self.started) == self.kill_at:
@@ -89,6 +92,8 @@ class Fake:
         self.started.append(label)
         if label in self.fail:
             raise RuntimeError(f"engine for {label} killed by SIGKILL before answering")
+        self.alive.append(label)
+        self.most_alive = max(self.most_alive, len(self.alive))
         return Handle(self, side, label)
 
     def latency(self, side: str, label: str, n: int) -> float:
@@ -263,6 +268,66 @@ def test_a_run_killed_in_the_middle_of_a_pass_resumes_at_the_next_start():
     }
 
 
+TOGETHER = dict(placement="together", first_passes=stopping.first_look_blocks(3, "together"), rounds=24)
+
+
+def test_together_keeps_two_engines_alive_and_each_start_serves_both_neighbours():
+    keys = ["c0", "c1", "c2", "c3"]
+    fake = Fake({k: 1.0 for k in keys})
+    design = run(fake, keys, **{**TOGETHER, "first_passes": 2, "max_looks": 1})
+    assert fake.started == [
+        "pass00-c0", "pass00-c1", "pass00-c2", "pass00-c3",
+        "pass01-c3", "pass01-c2", "pass01-c1", "pass01-c0",
+    ]  # fmt: skip
+    assert fake.most_alive == 2 and fake.alive == []  # no warm starts; every engine stopped
+    blocks = design.pairs["c2"].blocks
+    assert [(b.starts["A"]["label"], b.starts["B"]["label"], b.placement) for b in blocks] == [
+        ("pass00-c1", "pass00-c2", "together"),
+        ("pass01-c1", "pass01-c2", "together"),
+    ]
+    # c2's start of the first pass: its rounds with c1, then with c3, each round's calls one after the other.
+    c2 = next(s for s in design.starts if s.side == "c2" and s.pass_index == 0)
+    assert [c["with"] for c in c2.calls] == ["c1"] * 24 + ["c3"] * 24
+    first = blocks[0]
+    assert [c["round"] for c in first.calls if c["side"] == "A"] == list(range(24))
+    assert len(first.ratios()) == 24 and design.all_starts == 8
+
+
+def test_together_names_the_slowdown_in_under_60_percent_of_the_per_pair_walks_starts():
+    keys = [f"c{i}" for i in range(7)]
+    speed = {k: 1.0 if i < 3 else 1.08 for i, k in enumerate(keys)}
+    design = run(Fake(speed, drift=0.01), keys, **TOGETHER)
+    words = {k: design.pairs[k].decision.word for k in keys[1:]}
+    assert words == {k: stats.SLOWER if k == "c3" else stats.NO_CHANGE for k in keys[1:]}, words
+    assert 1.07 < design.pairs["c3"].ratio.ratio < 1.09
+    # 7 commits x 3 passes = 21 starts; the per-pair walk together: 6 pairs x 3 blocks x 2 starts = 36.
+    per_pair = 6 * stopping.least_starts(3, "together")
+    assert design.all_starts == chain.least_starts(6, 3, warm=False) == 21 and per_pair == 36
+    assert design.all_starts <= 0.6 * per_pair
+
+
+def test_together_a_pass_cut_short_runs_again_whole_and_whole_passes_replay():
+    keys = ["c0", "c1", "c2", "c3"]
+    speed = {"c0": 1.0, "c1": 1.0, "c2": 1.1, "c3": 1.1}
+    recorded: list[chain.Start] = []
+    with pytest.raises(KeyboardInterrupt):
+        run(Fake(speed, kill_at=6), keys, record=recorded.append, **TOGETHER)  # pass 1, 2 starts of pass 2
+    assert [(s.pass_index, s.position) for s in recorded] == [(0, 0), (0, 1), (0, 2), (0, 3), (1, 0)]
+    again = Fake(speed)
+    resumed = run(again, keys, done=[chain.Start.from_json(s.to_json()) for s in recorded], **TOGETHER)
+    assert again.started[:4] == ["pass01-c3", "pass01-c2", "pass01-c1", "pass01-c0"]  # pass 2 whole, pass 1 not
+    assert resumed.pairs["c2"].decision.word == stats.SLOWER and again.alive == []
+
+
+def test_together_a_failed_start_loses_its_pairs_and_the_pass_goes_on():
+    keys = ["c0", "c1", "c2", "c3"]
+    fake = Fake({k: 1.0 for k in keys}, fail={"pass00-c2"})
+    design = run(fake, keys, **TOGETHER)
+    assert design.pairs["c2"].lost and design.pairs["c3"].lost and "pass00-c2" not in fake.alive
+    assert "c2's start failed" in design.pairs["c2"].reason
+    assert design.pairs["c1"].decision.word == stats.NO_CHANGE and fake.alive == []
+
+
 def test_the_plan_counts_of_a_design():
     assert chain.least_starts(6) == 49 and chain.most_starts(6) == 7 * (1 + 6 * 8)
     assert chain.covering(["a", "b", "c", "d", "e"], [1, 3]) == ["b", "c", "d", "e"]
@@ -288,7 +353,9 @@ def test_a_design_of_series_names_the_slow_commit_and_resumes_from_its_journal(t
     res = pair.design_series(dirs, env, tmp_path / "out", rule, engine_cls=FakeLive, **kw)
     assert {k: r["verdict"] for k, r in res.items()} == {"c1": "no change", "c2": "slower", "c3": "no change"}
     assert 1.09 < res["c2"]["ratio"] < 1.11 and res["c2"]["parent"] == "c1"
-    assert res["c2"]["design"]["starts"] == chain.least_starts(3) == 28
+    # Placed together (auto on the CPU): no warm starts, the rule's four first blocks as passes over four commits.
+    assert res["c2"]["placement"] == "together" and "two engines alive" in res["c2"]["placement_reason"]
+    assert res["c2"]["design"]["starts"] == chain.least_starts(3, 4, warm=False) == 16
     again = pair.design_series(dirs, env, tmp_path / "out2", rule, engine_cls=NoStart, **kw)
     assert {k: (r["verdict"], r["ratio"]) for k, r in again.items()} == {
         k: (r["verdict"], r["ratio"]) for k, r in res.items()
@@ -315,6 +382,12 @@ def test_the_plan_of_a_design_beside_the_per_pair_walk(tmp_path, monkeypatch):
         "(55% at least)"
     )
     assert lines[2].startswith("  minutes a shape at the stack's start 300 s and call 17 s: at least ")
+    # The CPU default, where two engines fit: placed together, no warm starts, the walk's three blocks as passes.
+    cpu = walkdesign.plan_lines(description.default(), 6)
+    assert "two engines alive" in cpu[0] and "first look after 3 passes" in cpu[0], cpu
+    assert cpu[1] == (
+        "  starts a shape: at least 21, at most 168; per pair (together here): at least 36, at most 288 (58% at least)"
+    )
 
 
 def test_a_commit_whose_series_does_not_apply_is_left_out_of_the_design(tmp_path, fake_vllm):
@@ -377,6 +450,7 @@ def test_a_design_bisect_over_git_commits_finds_the_slow_one_and_resumes(tmp_pat
     res = bisect.search_design(revs, designs(FakeLive, calls), out=lambda _: None)
     assert res["outcome"] == bisect.FOUND and res["found"] == revs[6] and res["parent"] == revs[5], res["said"]
     assert [[revs.index(c) for c in got] for got in calls] == [[0, 2, 4, 6, 8], [4, 5, 6]]
-    assert res["starts"] == chain.least_starts(4) + chain.least_starts(2) == 56
+    # Together (auto on the CPU): the rule's four first blocks as passes, no warm starts.
+    assert res["starts"] == chain.least_starts(4, 4, warm=False) + chain.least_starts(2, 4, warm=False) == 32
     again = bisect.search_design(revs, designs(NoStart, []), out=lambda _: None)
     assert again["found"] == revs[6] and [s["ratio"] for s in again["steps"]] == [s["ratio"] for s in res["steps"]]

@@ -197,9 +197,11 @@ def design_series(
     cache_dir: Path | None = None,
     journal: Path | None = None,
     spec: dict | None = None,
+    placement: str = placements.AUTO,
 ) -> dict[str, dict]:
     """A walk's commits measured as one design (paired.chain) by `rule` (its budget, overall level, thresholds and
-    rounds; None: DEFAULT_ROUNDS): dirs maps each commit to its series, in walk order, the first the base. Returns
+    rounds; None: DEFAULT_ROUNDS), placed as `placement` places a pair (auto: together where two engines of the
+    stack fit): dirs maps each commit to its series, in walk order, the first the base. Returns
     {commit: its result against the commit before it}, each as compare_series' result (to_result) with "commit",
     "parent" and the design's cost. journal: where each start is recorded, and read back when the same design runs
     again (resume)."""
@@ -207,6 +209,7 @@ def design_series(
     keys = list(dirs)
     target = series_target(dirs, env, out_dir, cache_dir, None, spec, stack, shape, backend, python, engine_cls)
     spec = target.spec
+    where, placed = placements.choose(placement, backend, stack)
     design = chain.measure(
         target,
         keys,
@@ -216,18 +219,21 @@ def design_series(
         level=stopping.per_look_level(rule.level),
         min_effect=rule.min_effect,
         floor=rule.floor,
+        first_passes=stopping.first_look_blocks(rule.first_blocks, where),
+        placement=where,
         done=chain.read_journal(journal),
         record=chain.journal_writer(journal),
         out=out,
     )
     tokens = spec.get("batch", 1) * spec.get("output_len", 1)
-    why = "one design: each commit started once a pass, one engine at a time"
+    alive = "two engines alive, each called with its neighbours" if where == placements.TOGETHER else "one at a time"
+    why = f"one design: each commit started once a pass, {alive} ({placed})"
     cost = {"commits": len(keys) - 1, "starts": design.all_starts, "passes": design.passes,
             "minutes": design.wall_s / 60.0}  # fmt: skip
     results = {}
     for parent, child in zip(keys, keys[1:], strict=False):
         res = to_result(design.pairs[child], {"A": dirs[parent], "B": dirs[child]}, shape, tokens, rule.min_effect,
-                        placements.ALTERNATE, why, backend, stack)  # fmt: skip
+                        where, why, backend, stack)  # fmt: skip
         results[child] = {**res, "commit": child, "parent": parent, "skipped_parents": [], "design": cost}
     return results
 

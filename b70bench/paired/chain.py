@@ -2,18 +2,26 @@
 
 The per-pair design measures each commit of a walk c0 < c1 < ... < cN against its parent on its own: two sides, an
 uncounted warm start each, and every counted start serves one verdict. Here the sides are the walk's N + 1 commits,
-placed alternate (one process alive at a time). A pass starts a run of them once each, forward on even passes and
-backward on odd ones, so each adjacent pair (c_i, c_i+1) has a start of each side next to each other in time, once
-in each order over two passes: the A B | B A of alternate blocks, with N + 1 starts a pass where the per-pair design
-takes 2N. Each pass gives every pair it covers one block (blocks.Block: A the parent's start, B the child's), and
-each pair is decided by the per-pair rule (blocks.decide at each look's level). Each commit gets one uncounted warm
-start in all (the per-pair design: two, one as a child and one as a parent).
+placed alternate (one process alive at a time; together is below). A pass starts a run of them once each, forward
+on even passes and backward on odd ones, so each adjacent pair (c_i, c_i+1) has a start of each side next to each
+other in time, once in each order over two passes: the A B | B A of alternate blocks, with N + 1 starts a pass
+where the per-pair design takes 2N. Each pass gives every pair it covers one block (blocks.Block: A the parent's
+start, B the child's), and each pair is decided by the per-pair rule (blocks.decide at each look's level). Each
+commit gets one uncounted warm start in all (the per-pair design: two, one as a child and one as a parent).
 
-After the first look (first_passes passes over every commit), only undecided pairs get more passes, over the
-shortest run of commits that covers them, doubling their blocks a look while the budget lasts. A pair whose counted
+After the first look (first_passes passes over every commit, each started while the budget is not yet spent, as a
+per-pair measurement's first blocks are), only undecided pairs get more passes, over the shortest run of commits
+that covers them, doubling their blocks a look while the budget lasts. A pair whose counted
 start fails is lost with its cause (as a per-pair measurement is) and gets no more passes. Every start is handed to
 `record` as it ends, and `done` (what an earlier run recorded) is replayed instead of started again, so a run killed
 in the middle of a pass resumes at the next start.
+
+Placed together (where two engines fit at once: the CPU default), a pass keeps two engines alive: each commit is
+started once, called in turns with the commit before it in the pass (rounds of two calls seconds apart, the order
+alternating, as a together block's), and then the one before it is stopped, so its start serves its pair with the
+commit after it too. No warm starts (a together block has none: the calls come after the start's compile), and a
+pass replays from the journal only when all its starts are there, since a start's calls with both neighbours are
+recorded when it stops; a pass cut short is run again whole.
 """
 
 from __future__ import annotations
@@ -41,9 +49,10 @@ class Start:
     pass_index: int
     position: int  # its place in the pass
     facts: dict = field(default_factory=dict)
-    calls: list[dict] = field(default_factory=list)
+    calls: list[dict] = field(default_factory=list)  # together: each names the neighbour it was paired with
     error: str | None = None
-    wall_s: float = 0.0
+    wall_s: float = 0.0  # together: from the end of the previous start's calls to the end of its own
+    placement: str = placements.ALTERNATE
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -126,6 +135,64 @@ def run_start(target, side: str, pass_index: int, position: int, rounds: int, wa
     return start
 
 
+def run_pass_together(
+    target, sides: list[str], pass_index: int, rounds: int, warmup_calls: int, adjacent, record
+) -> list[Start]:
+    """One together pass over `sides` (pass order): each started once; where it and the side before it are an
+    adjacent pair (adjacent(a, b)), `rounds` rounds of one call each, the order alternating; then the side before it
+    is stopped and handed to `record`. Every process is reaped whichever way the pass ends."""
+    out = [Start(side, pass_index, i, placement=placements.TOGETHER) for i, side in enumerate(sides)]
+    handles: dict[int, object] = {}
+
+    def stop(i: int, keep: bool = True) -> None:
+        left = handles.pop(i).stop()
+        if left:
+            out[i].error = (out[i].error or "") + f"; pids {left} left alive"
+        if keep:
+            record(out[i])
+
+    seg = time.monotonic()
+    prev: int | None = None
+    try:
+        for i, side in enumerate(sides):
+            try:
+                handles[i] = target.start(side, f"pass{pass_index:02d}-{side}")
+                out[i].facts = handles[i].ready()
+                for _ in range(warmup_calls):
+                    handles[i].warm()
+            except target.errors as err:
+                out[i].error = str(err)
+                if i not in handles:
+                    record(out[i])
+            if prev is not None and out[i].error is None and adjacent(sides[prev], side):
+                tb, who = time.monotonic(), (prev, i)
+                for r in range(rounds):
+                    for j in who if r % 2 == 0 else who[::-1]:
+                        k = i if j == prev else prev
+                        try:
+                            got = handles[j].call()
+                        except target.errors as err:
+                            out[j].error = str(err)
+                            break
+                        t_s = round(time.monotonic() - tb, 4)
+                        out[j].calls.append({**got, "with": sides[k], "round": r, "t_s": t_s})
+                    if out[prev].error or out[i].error:
+                        break
+            now = time.monotonic()
+            out[i].wall_s, seg = now - seg, now
+            if prev is not None:
+                stop(prev)
+            prev = i if i in handles and out[i].error is None else None
+            if prev is None and i in handles:
+                stop(i)
+        if prev is not None:
+            stop(prev)
+    finally:
+        for i in list(handles):  # a kill or an error not the target's: reaped, not recorded (the pass runs again)
+            stop(i, keep=False)
+    return out
+
+
 def pair_blocks(starts: list[Start], parent: str, child: str) -> list[Block]:
     """The blocks of one pair: one per pass that started both commits (A the parent's start, B the child's)."""
     by_pass: dict[int, dict[str, Start]] = {}
@@ -138,9 +205,17 @@ def pair_blocks(starts: list[Start], parent: str, child: str) -> list[Block]:
         if parent not in got or child not in got:
             continue
         a, b = got[parent], got[child]
-        block = Block(len(blocks), placement=placements.ALTERNATE, wall_s=a.wall_s + b.wall_s)
+        if a.placement == placements.TOGETHER:
+            # The pair's calls are the later start's segment: its start and the rounds with the earlier one.
+            later = a if a.position > b.position else b
+            block = Block(len(blocks), placement=placements.TOGETHER, wall_s=later.wall_s)
+            a_calls = [c for c in a.calls if c.get("with") == child]
+            b_calls = [c for c in b.calls if c.get("with") == parent]
+        else:
+            block = Block(len(blocks), placement=placements.ALTERNATE, wall_s=a.wall_s + b.wall_s)
+            a_calls, b_calls = a.calls, b.calls
         block.starts = {"A": a.facts, "B": b.facts}
-        block.calls = [{**c, "side": "A"} for c in a.calls] + [{**c, "side": "B"} for c in b.calls]
+        block.calls = [{**c, "side": "A"} for c in a_calls] + [{**c, "side": "B"} for c in b_calls]
         errors = [f"{name} ({s.side}) in pass {p + 1}: {s.error}" for name, s in (("A", a), ("B", b)) if s.error]
         block.error = "; ".join(errors) or None
         blocks.append(block)
@@ -179,13 +254,15 @@ def measure(
     floor: float,
     first_passes: int = ALTERNATE_FIRST_BLOCKS,
     max_looks: int = MAX_LOOKS,
+    placement: str = placements.ALTERNATE,
     done: list[Start] | None = None,
     record=lambda _start: None,
     out=print,
     clock=time.monotonic,
 ) -> Design:
     """Measure every commit of `keys` (walk order, the first the base) against the one before it, as one design.
-    `level` is each look's (stopping.per_look_level gives it for an overall level); target as paired.placement's.
+    `level` is each look's (stopping.per_look_level gives it for an overall level); target as paired.placement's;
+    placement alternate (one engine alive at a time) or together (two, see the module docstring).
     The budget counts the replayed starts' seconds too, so a resumed run stops where the first would have."""
     if len(keys) < 2:
         raise ValueError("a design needs two commits at least (the base and one walked commit)")
@@ -199,7 +276,7 @@ def measure(
 
     def one(side: str, pass_index: int, position: int) -> Start:
         got = replay.get((pass_index, position))
-        if got is not None and got.side == side:
+        if got is not None and got.side == side and got.placement == placement:
             replayed[0] += got.wall_s
         else:
             got = run_start(target, side, pass_index, position, rounds, warmup_calls)
@@ -207,7 +284,26 @@ def measure(
         starts.append(got)
         return got
 
-    for i, side in enumerate(keys):
+    together = placement == placements.TOGETHER
+    index = {k: i for i, k in enumerate(keys)}
+
+    def adjacent(a: str, b: str) -> bool:
+        return abs(index[a] - index[b]) == 1
+
+    def one_pass(order: list[str], pass_index: int) -> list[Start]:
+        if not together:
+            return [one(side, pass_index, pos) for pos, side in enumerate(order)]
+        got = [replay.get((pass_index, pos)) for pos in range(len(order))]
+        if all(
+            g is not None and (g.side, g.placement) == (side, placement) for g, side in zip(got, order, strict=True)
+        ):
+            replayed[0] += sum(g.wall_s for g in got)
+        else:  # not all there: a start's calls with both neighbours are recorded when it stops
+            got = run_pass_together(target, order, pass_index, rounds, warmup_calls, adjacent, record)
+        starts.extend(got)
+        return got
+
+    for i, side in enumerate([] if together else keys):
         got = one(side, WARM, i)
         out(f"warm start {side[:12]}: " + (f"failed: {got.error}" if got.error else f"{got.wall_s:.0f} s"))
     pairs = list(range(len(keys) - 1))
@@ -219,14 +315,15 @@ def measure(
         active = list(open_pairs)
         while open_pairs and len(pair_blocks(starts, keys[open_pairs[0]], keys[open_pairs[0] + 1])) < want:
             sides = covering(keys, open_pairs)
-            if looks > 0 and spent() + _pass_cost(starts, len(sides)) > budget_s:
+            # As a per-pair measurement's blocks (stopping.measure): the first look's passes each start while the
+            # budget is not yet spent; later ones only where the next (at the passes' cost so far) still fits.
+            if (spent() >= budget_s) if looks == 0 else (spent() + _pass_cost(starts, len(sides)) > budget_s):
                 reason = f"the budget ({budget_s / 60:.1f} min) allows no further pass"
                 break
-            for pos, side in enumerate(pass_order(sides, passes)):
-                got = one(side, passes, pos)
+            for got in one_pass(pass_order(sides, passes), passes):
                 for p in open_pairs:
-                    if got.error and side in (keys[p], keys[p + 1]):
-                        lost.setdefault(p, f"pass {passes + 1}: {side}'s start failed: {got.error}")
+                    if got.error and got.side in (keys[p], keys[p + 1]):
+                        lost.setdefault(p, f"pass {passes + 1}: {got.side}'s start failed: {got.error}")
             passes += 1
             out(f"pass {passes} over {len(sides)} commits ({spent() / 60:.1f} of {budget_s / 60:.1f} min)")
             open_pairs = [p for p in open_pairs if p not in lost]
@@ -257,15 +354,17 @@ def _pass_cost(starts: list[Start], n: int) -> float:
     return n * (sum(counted) / len(counted)) if counted else 0.0
 
 
-def least_starts(commits: int, first_passes: int = ALTERNATE_FIRST_BLOCKS) -> int:
-    """Starts a design over `commits` walked commits (plus its base) takes at least: a warm start and first_passes
-    counted ones each."""
-    return (commits + 1) * (1 + first_passes)
+def least_starts(commits: int, first_passes: int = ALTERNATE_FIRST_BLOCKS, warm: bool = True) -> int:
+    """Starts a design over `commits` walked commits (plus its base) takes at least: a warm start (alternate) and
+    first_passes counted ones each."""
+    return (commits + 1) * (int(warm) + first_passes)
 
 
-def most_starts(commits: int, first_passes: int = ALTERNATE_FIRST_BLOCKS, max_looks: int = MAX_LOOKS) -> int:
+def most_starts(
+    commits: int, first_passes: int = ALTERNATE_FIRST_BLOCKS, max_looks: int = MAX_LOOKS, warm: bool = True
+) -> int:
     """Starts it takes at most: every pair undecided at every look, the passes doubling over all commits."""
-    return (commits + 1) * (1 + first_passes * 2 ** (max_looks - 1))
+    return (commits + 1) * (int(warm) + first_passes * 2 ** (max_looks - 1))
 
 
 __all__ = [
@@ -279,4 +378,5 @@ __all__ = [
     "pass_order",
     "read_journal",
     "result_path",
+    "run_pass_together",
 ]
