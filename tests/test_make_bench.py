@@ -124,12 +124,10 @@ def test_make_bench_runs_every_suite_and_publishes_the_verdicts(tmp_path):
     assert [(r["commit"], r["reference"], r["rule"], r["n"]) for r in mine] == [
         (git(repo, "rev-parse", "HEAD"), [head], "unpaired", 2)
     ], mine
-    # The word is not asserted: make bench's samples are starts minutes apart on a host shared with other tests
-    # (unpaired, nothing cancels that), so identical code may read a few percent off; the ratio stays near 1.
+    # Neither the word nor the size is asserted: make bench's samples are starts minutes apart on a host shared with
+    # other tests (unpaired, nothing cancels that); identical code read 0.99 alone and 1.74 beside the decode tests.
     (row,) = mine
-    assert (
-        row["verdict"] in (stats.SLOWER, stats.FASTER, stats.NO_CHANGE, stats.UNDECIDED) and 0.7 <= row["ratio"] <= 1.4
-    ), row
+    assert row["verdict"] in (stats.SLOWER, stats.FASTER, stats.NO_CHANGE, stats.UNDECIDED) and row["ratio"] > 0, row
 
     sys.path.insert(0, str(ROOT / "scripts"))
     import asv_screenshot
