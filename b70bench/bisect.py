@@ -24,7 +24,7 @@ from pathlib import Path
 from b70bench import children, history, pairing, state, stats, walkdesign, walklog
 from b70bench.decode import pair as decode_pair
 from b70bench.errors import UsageError
-from b70bench.paired import stopping
+from b70bench.paired import chain, stopping
 from b70bench.stack import model as decode_model
 
 FOUND, NO_CHANGE, STOPPED = "found", "no change in the range", "stopped"
@@ -251,7 +251,7 @@ def design_plan_line(args, pre, commits: int) -> str:
         return f" (~{starts * start_s / 60:.0f} min)" if start_s else ""
 
     return (
-        f"  --design ({WAYS + 1} commits a design, {walkdesign.alive_text(pre.where)}): {len(steps)} designs of "
+        f"  --design ({WAYS + 1} commits a design, {chain.alive_text(pre.where)}): {len(steps)} designs of "
         f"{', '.join(str(s) for s in steps)} segments for one change; {first} starts{minutes(first)} at least (no "
         f"change in the range), {least}{minutes(least)} to {most} for one change, at most ~{sum(steps) * args.budget:g}"
         " min"
@@ -310,7 +310,7 @@ def run(args) -> int:
 
         print(
             f"b70bench bisect --design {revs[0][:10]}..{revs[-1][:10]} ({len(commits)} commits): "
-            f"{pre.stack.describe()}; {WAYS + 1} commits a design, {walkdesign.alive_text(pre.where)}; budget "
+            f"{pre.stack.describe()}; {WAYS + 1} commits a design, {chain.alive_text(pre.where)}; budget "
             f"{pairing.budget_text(args)} a segment; starts journalled in {journal_dir}",
             flush=True,
         )

@@ -58,13 +58,6 @@ def starts_range(commits: int, where: str, first_blocks: int = stopping.WALK_FIR
     return chain.least_starts(commits, first, warm), chain.most_starts(commits, first, warm=warm)
 
 
-def alive_text(where: str) -> str:
-    """How many engines a design of this placement keeps alive, for plans and results."""
-    if where == placements.TOGETHER:
-        return "two engines alive, each commit called with the one before it and then the one after"
-    return "one engine at a time"
-
-
 def plan_lines(stack: description.Stack, commits: int) -> list[str]:
     """Starts (and minutes, where the stack states what a start and a call cost) of the design beside the per-pair
     walk's, at least (every pair decided at the first look) and at most (every look taken)."""
@@ -76,8 +69,8 @@ def plan_lines(stack: description.Stack, commits: int) -> list[str]:
     per_pair_most = commits * (warm + len(SIDES) * first * 2 ** (stopping.MAX_LOOKS - 1))
     least, most = starts_range(commits, where)
     lines = [
-        f"design: {commits + 1} commits (the base and {commits} walked), {alive_text(where)}, each started once a "
-        f"pass, forward then back; {s['rounds']} timed calls a start and neighbour; first look after {first} "
+        f"design: {commits + 1} commits (the base and {commits} walked), {chain.alive_text(where)}, each started once "
+        f"a pass, forward then back; {s['rounds']} timed calls a start and neighbour; first look after {first} "
         f"passes; budget {s['budget_min']:g} min a shape ({s['budget_source']}); shapes {' '.join(s['shapes'])}",
         f"  starts a shape: at least {least}, at most {most}; per pair ({where} here): at least {per_pair_least}, "
         f"at most {per_pair_most} ({least / per_pair_least:.0%} at least)",

@@ -226,8 +226,7 @@ def design_series(
         out=out,
     )
     tokens = spec.get("batch", 1) * spec.get("output_len", 1)
-    alive = "two engines alive, each called with its neighbours" if where == placements.TOGETHER else "one at a time"
-    why = f"one design: each commit started once a pass, {alive} ({placed})"
+    why = f"one design: each commit started once a pass, {chain.alive_text(where)} ({placed})"
     cost = {"commits": len(keys) - 1, "starts": design.all_starts, "passes": design.passes,
             "minutes": design.wall_s / 60.0}  # fmt: skip
     results = {}

@@ -354,6 +354,13 @@ def _pass_cost(starts: list[Start], n: int) -> float:
     return n * (sum(counted) / len(counted)) if counted else 0.0
 
 
+def alive_text(where: str) -> str:
+    """How many engines a design of this placement keeps alive, for plans and results."""
+    if where == placements.TOGETHER:
+        return "two engines alive, each commit called with the one before it and then the one after"
+    return "one engine at a time"
+
+
 def least_starts(commits: int, first_passes: int = ALTERNATE_FIRST_BLOCKS, warm: bool = True) -> int:
     """Starts a design over `commits` walked commits (plus its base) takes at least: a warm start (alternate) and
     first_passes counted ones each."""
@@ -369,6 +376,7 @@ def most_starts(
 
 __all__ = [
     "Design",
+    "alive_text",
     "Start",
     "covering",
     "journal_writer",
