@@ -369,9 +369,9 @@ def register(sub) -> None:
     p.add_argument(
         "--design",
         action="store_true",
-        help=f"decode: measure {WAYS + 1} commits of the range at a time as one design (each started once a pass, one "
-        "engine at a time, every start serving both neighbours' verdicts), then the segment that changed the same "
-        "way, until one commit; fewer starts than pairs where starts are one at a time",
+        help=f"decode: measure {WAYS + 1} commits of the range at a time as one design (each started once a pass, "
+        "placed as the per-pair bisect is, every start serving both neighbours' verdicts), then the segment that "
+        "changed the same way, until one commit; --plan says whether it takes fewer starts than the per-pair bisect",
     )
     pairing.add_measure_options(p, ("decode", "serve"))
     p.set_defaults(func=run)

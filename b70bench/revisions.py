@@ -533,8 +533,9 @@ def register(sub) -> None:
     p.add_argument(
         "--design",
         action="store_true",
-        help="measure the decode verdicts as one design before asv runs: each commit started once a pass, one engine "
-        "at a time, its starts serving its own verdict and its child's (about half the starts of a per-pair walk)",
+        help="measure the decode verdicts as one design before asv runs: each commit started once a pass (placed as "
+        "auto places a pair), its starts serving its own verdict and its child's; its first look runs whole (--plan "
+        "gives the starts beside the per-pair walk's)",
     )
     p.add_argument("--plan", action="store_true", help="print the plan (commits, builds, budgets) and run nothing")
     p.add_argument(

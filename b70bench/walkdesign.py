@@ -10,6 +10,7 @@ a design saves is starts: N + 1 a pass instead of 2N (chain.least_starts beside 
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import tempfile
 from pathlib import Path
@@ -70,17 +71,22 @@ def plan_lines(stack: description.Stack, commits: int) -> list[str]:
     least, most = starts_range(commits, where)
     lines = [
         f"design: {commits + 1} commits (the base and {commits} walked), {chain.alive_text(where)}, each started once "
-        f"a pass, forward then back; {s['rounds']} timed calls a start and neighbour; first look after {first} "
-        f"passes; budget {s['budget_min']:g} min a shape ({s['budget_source']}); shapes {' '.join(s['shapes'])}",
+        f"a pass, forward then back; {s['rounds']} timed calls a start and neighbour; a first look of {first} "
+        f"passes, run whole; budget {s['budget_min']:g} min a shape ({s['budget_source']}) for the passes after it; "
+        f"shapes {' '.join(s['shapes'])}",
         f"  starts a shape: at least {least}, at most {most}; per pair ({where} here): at least {per_pair_least}, "
         f"at most {per_pair_most} ({least / per_pair_least:.0%} at least)",
     ]
     if stack.start_s and stack.call_s is not None:
         calls = s["rounds"] + decode_pair.DEFAULT_WARMUP_CALLS
         per_start = stopping.start_cost_s(stack.start_s, stack.call_s, calls)
+        first_min = least * per_start / 60
+        each = math.ceil(first_min / commits)
+        over = f" (the first look runs past the budget: set {decode_pair.BUDGET_ENV}={each} a commit or more)"
         lines.append(
             f"  minutes a shape at the stack's start {stack.start_s:g} s and call {stack.call_s:g} s: at least "
-            f"{least * per_start / 60:.0f} (per pair {per_pair_least * per_start / 60:.0f}), at most the budget"
+            f"{first_min:.0f} (per pair {per_pair_least * per_start / 60:.0f}), at most the budget"
+            + (over if first_min > s["budget_min"] else "")
         )
     return lines
 

@@ -59,7 +59,7 @@ class Handle:
         return {"pid": len(self.target.started), "token_sha256": "same", "label": self.label}
 
     def warm(self) -> None:
-        pass
+        self.target.warmed.append(self.label)
 
     def call(self) -> dict:
         self.n += 1
@@ -83,6 +83,7 @@ class Fake:
         self.speed, self.noisy, self.swing, self.fail, self.kill_at = speed, set(noisy), swing, set(fail), kill_at
         self.hog, self.drift = hog, drift
         self.started: list[str] = []
+        self.warmed: list[str] = []  # the label of each warm-up call, in order
         self.alive: list[str] = []  # labels of the engines started and not yet stopped
         self.most_alive = 0
 
@@ -238,6 +239,29 @@ def test_only_undecided_pairs_get_more_passes_over_the_shortest_run_covering_the
         assert design.pairs[k].reason == "2 looks taken, the most allowed"
 
 
+def test_the_first_look_runs_whole_past_the_budget_and_later_passes_keep_to_it():
+    # Each start costs 100 s of the fake clock; two of the first look's passes would spend the budget, yet a pair
+    # is read from the whole first look (two blocks of a design are not a verdict), and then no pass fits.
+    keys = ["c0", "c1", "c2", "c3"]
+    fake = Fake({k: 1.0 for k in keys}, noisy={"c2"}, swing=0.08)
+    design = run(fake, keys, first_passes=3, budget_s=700.0, clock=lambda: 100.0 * len(fake.started))
+    assert design.passes == 3 and len(fake.started) == 4 + 3 * 4
+    assert all(len(design.pairs[k].blocks) == 3 for k in keys[1:])
+    assert design.pairs["c2"].decision.word == stats.UNDECIDED
+    assert design.pairs["c2"].reason == "the budget (11.7 min) allows no further pass"
+    # A budget with room for one more pass gets it: the undecided pairs' run of commits (c1 c2 c3), 3 starts.
+    fake = Fake({k: 1.0 for k in keys}, noisy={"c2"}, swing=0.08)
+    design = run(fake, keys, first_passes=3, budget_s=1900.0, clock=lambda: 100.0 * len(fake.started))
+    assert len(fake.started) == 4 + 3 * 4 + 3
+
+
+def test_the_next_pass_is_costed_at_the_latest_pass_not_the_cold_first_one():
+    starts = [chain.Start("c0", 0, 0, wall_s=300.0), chain.Start("c1", 0, 1, wall_s=300.0)]
+    starts += [chain.Start("c0", 1, 0, wall_s=60.0), chain.Start("c1", 1, 1, wall_s=80.0)]
+    assert chain._pass_cost(starts, 3) == pytest.approx(210.0)
+    assert chain._pass_cost([chain.Start("c0", chain.WARM, 0, wall_s=50.0)], 2) == 0.0
+
+
 def test_a_failed_start_loses_its_two_pairs_with_the_cause_and_the_rest_are_decided():
     keys = ["c0", "c1", "c2", "c3"]
     fake = Fake({k: 1.0 for k in keys}, fail={"pass01-c2"})
@@ -291,6 +315,11 @@ def test_together_keeps_two_engines_alive_and_each_start_serves_both_neighbours(
     first = blocks[0]
     assert [c["round"] for c in first.calls if c["side"] == "A"] == list(range(24))
     assert len(first.ratios()) == 24 and design.all_starts == 8
+    # Before each pair's rounds both engines are warmed in turns (the earlier one sat idle through the later one's
+    # start): an engine in the middle of a pass twice, the pass's ends once.
+    assert fake.warmed[:2] == ["pass00-c1", "pass00-c0"]  # one warm-up each, in the turn before round 0's
+    assert {fake.warmed.count(f"pass00-{k}") for k in ("c1", "c2")} == {2}
+    assert {fake.warmed.count(f"pass00-{k}") for k in ("c0", "c3")} == {1}
 
 
 def test_together_names_the_slowdown_in_under_60_percent_of_the_per_pair_walks_starts():
@@ -376,15 +405,21 @@ def test_the_plan_of_a_design_beside_the_per_pair_walk(tmp_path, monkeypatch):
                    "start_s = 300\ncall_s = 17\n")  # fmt: skip
     lines = walkdesign.plan_lines(description.load(rig), 10)
     assert lines[0].startswith("design: 11 commits (the base and 10 walked), one engine at a time"), lines
-    assert "shapes p512n1536" in lines[0] and "first look after 6 passes" in lines[0]
+    assert "shapes p512n1536" in lines[0] and "a first look of 6 passes, run whole" in lines[0]
     assert lines[1] == (
         "  starts a shape: at least 77, at most 539; per pair (alternate here): at least 140, at most 980 "
         "(55% at least)"
     )
     assert lines[2].startswith("  minutes a shape at the stack's start 300 s and call 17 s: at least ")
+    assert "past the budget" not in lines[2]  # the default budget (the per-pair first look and a doubling) holds it
+    # A budget set by hand that the first look cannot keep to: said, with the budget that would.
+    monkeypatch.setenv("B70BENCH_DECODE_BUDGET_MIN", "30")
+    over = walkdesign.plan_lines(description.load(rig), 10)[2]
+    assert over.endswith("(the first look runs past the budget: set B70BENCH_DECODE_BUDGET_MIN=98 a commit or more)")
+    monkeypatch.delenv("B70BENCH_DECODE_BUDGET_MIN")
     # The CPU default, where two engines fit: placed together, no warm starts, the walk's three blocks as passes.
     cpu = walkdesign.plan_lines(description.default(), 6)
-    assert "two engines alive" in cpu[0] and "first look after 3 passes" in cpu[0], cpu
+    assert "two engines alive" in cpu[0] and "a first look of 3 passes, run whole" in cpu[0], cpu
     assert cpu[1] == (
         "  starts a shape: at least 21, at most 168; per pair (together here): at least 36, at most 288 (58% at least)"
     )

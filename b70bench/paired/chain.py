@@ -9,9 +9,9 @@ where the per-pair design takes 2N. Each pass gives every pair it covers one blo
 start, B the child's), and each pair is decided by the per-pair rule (blocks.decide at each look's level). Each
 commit gets one uncounted warm start in all (the per-pair design: two, one as a child and one as a parent).
 
-After the first look (first_passes passes over every commit, each started while the budget is not yet spent, as a
-per-pair measurement's first blocks are), only undecided pairs get more passes, over the shortest run of commits
-that covers them, doubling their blocks a look while the budget lasts. A pair whose counted
+After the first look (first_passes passes over every commit, run whole: the fewest a pair is read from), only
+undecided pairs get more passes, over the shortest run of commits that covers them, doubling their blocks a look
+while the budget lasts. A pair whose counted
 start fails is lost with its cause (as a per-pair measurement is) and gets no more passes. Every start is handed to
 `record` as it ends, and `done` (what an earlier run recorded) is replayed instead of started again, so a run killed
 in the middle of a pass resumes at the next start.
@@ -139,8 +139,9 @@ def run_pass_together(
     target, sides: list[str], pass_index: int, rounds: int, warmup_calls: int, adjacent, record
 ) -> list[Start]:
     """One together pass over `sides` (pass order): each started once; where it and the side before it are an
-    adjacent pair (adjacent(a, b)), `rounds` rounds of one call each, the order alternating; then the side before it
-    is stopped and handed to `record`. Every process is reaped whichever way the pass ends."""
+    adjacent pair (adjacent(a, b)), both warmed and then `rounds` rounds of one call each, the order alternating (as
+    a together block's: placement.turn); then the side before it is stopped and handed to `record`. Every process is
+    reaped whichever way the pass ends."""
     out = [Start(side, pass_index, i, placement=placements.TOGETHER) for i, side in enumerate(sides)]
     handles: dict[int, object] = {}
 
@@ -151,6 +152,24 @@ def run_pass_together(
         if keep:
             record(out[i])
 
+    def segment(a: int, b: int) -> None:
+        # The earlier engine sat idle through the later one's start, so both are warmed again, in turns, before
+        # the timed rounds, as a together block warms its two.
+        who = (a, b)
+        tb = time.monotonic()
+        for r in range(-warmup_calls, rounds):
+            for j in placements.turn(who, r):
+                try:
+                    if r < 0:
+                        handles[j].warm()
+                        continue
+                    got = handles[j].call()
+                except target.errors as err:
+                    out[j].error = str(err)
+                    return
+                t_s = round(time.monotonic() - tb, 4)
+                out[j].calls.append({**got, "with": sides[b if j == a else a], "round": r, "t_s": t_s})
+
     seg = time.monotonic()
     prev: int | None = None
     try:
@@ -158,26 +177,12 @@ def run_pass_together(
             try:
                 handles[i] = target.start(side, f"pass{pass_index:02d}-{side}")
                 out[i].facts = handles[i].ready()
-                for _ in range(warmup_calls):
-                    handles[i].warm()
             except target.errors as err:
                 out[i].error = str(err)
                 if i not in handles:
                     record(out[i])
             if prev is not None and out[i].error is None and adjacent(sides[prev], side):
-                tb, who = time.monotonic(), (prev, i)
-                for r in range(rounds):
-                    for j in who if r % 2 == 0 else who[::-1]:
-                        k = i if j == prev else prev
-                        try:
-                            got = handles[j].call()
-                        except target.errors as err:
-                            out[j].error = str(err)
-                            break
-                        t_s = round(time.monotonic() - tb, 4)
-                        out[j].calls.append({**got, "with": sides[k], "round": r, "t_s": t_s})
-                    if out[prev].error or out[i].error:
-                        break
+                segment(prev, i)
             now = time.monotonic()
             out[i].wall_s, seg = now - seg, now
             if prev is not None:
@@ -315,9 +320,11 @@ def measure(
         active = list(open_pairs)
         while open_pairs and len(pair_blocks(starts, keys[open_pairs[0]], keys[open_pairs[0] + 1])) < want:
             sides = covering(keys, open_pairs)
-            # As a per-pair measurement's blocks (stopping.measure): the first look's passes each start while the
-            # budget is not yet spent; later ones only where the next (at the passes' cost so far) still fits.
-            if (spent() >= budget_s) if looks == 0 else (spent() + _pass_cost(starts, len(sides)) > budget_s):
+            # The first look's passes are the fewest a design reads a pair from, and they run whole, over the budget
+            # where they must (the plan says so before anything runs): a pair's two blocks here are processes
+            # started at different times and ages, whose offsets the two-block floor (stats.TWO_BLOCKS_OFFSET_SD,
+            # from pairs started at once) does not bound. Later passes start only where the next still fits.
+            if looks > 0 and spent() + _pass_cost(starts, len(sides)) > budget_s:
                 reason = f"the budget ({budget_s / 60:.1f} min) allows no further pass"
                 break
             for got in one_pass(pass_order(sides, passes), passes):
@@ -349,9 +356,13 @@ def _undecided(paired: Paired) -> bool:
 
 
 def _pass_cost(starts: list[Start], n: int) -> float:
-    """Seconds the next pass of n starts will take, at the mean of the counted starts so far."""
-    counted = [s.wall_s for s in starts if s.pass_index != WARM]
-    return n * (sum(counted) / len(counted)) if counted else 0.0
+    """Seconds the next pass of n starts will take, at the mean start of the latest pass (the first pass of a
+    together design compiles every commit's graph cold, so the mean of all passes over-predicts the later ones)."""
+    counted = [s for s in starts if s.pass_index != WARM]
+    if not counted:
+        return 0.0
+    last = [s.wall_s for s in counted if s.pass_index == counted[-1].pass_index]
+    return n * sum(last) / len(last)
 
 
 def alive_text(where: str) -> str:

@@ -84,6 +84,12 @@ def starts_in_turn(backend: str) -> bool:
     return backend != "cpu"
 
 
+def turn(order, rnd: int):
+    """The order two processes alive together are called in round `rnd` (warm-ups and timed rounds alike): as given
+    in even rounds, reversed in odd ones, so whatever the first slot of a round gets falls on both alike."""
+    return order if rnd % 2 == 0 else order[::-1]
+
+
 def _timed(handle, side: str, rnd: int, t0: float) -> dict:
     got = handle.call()
     return {**got, "side": side, "round": rnd, "t_s": round(time.monotonic() - t0, 4)}
@@ -117,11 +123,11 @@ def run_block(
                 if s not in block.starts:
                     block.starts[s] = handles[s].ready()
             for i in range(warmup_calls):
-                for s in order if i % 2 == 0 else order[::-1]:
+                for s in turn(order, i):
                     handles[s].warm()
             tb = time.monotonic()
             for r in range(rounds):
-                for s in order if r % 2 == 0 else order[::-1]:
+                for s in turn(order, r):
                     block.calls.append(_timed(handles[s], s, r, tb))
         elif placement == ALTERNATE:
             if warm_first:
