@@ -1,9 +1,10 @@
 """Stands in for vLLM's OpenAI-compatible server in tests: /health, streamed /v1/completions, /metrics.
 
 `python -m fake_openai_server --port N [--host H] [--token-s S] [--fail-start MSG] [--never-healthy]
-[--stall FIRST-LAST] [--slow-if-patched]`: each request streams max_tokens events, one token each, S seconds
-apart (default 0.01), then [DONE]; requests FIRST..LAST (counted from 1 in arrival order) wait 5 s before
-each token instead.
+[--stall FIRST-LAST] [--drop FIRST-LAST] [--slow-if-patched]`: each request streams max_tokens events, one token
+each, S seconds apart (default 0.01), then [DONE]; requests FIRST..LAST (counted from 1 in arrival order) wait 5 s
+before each token instead (--stall), or have their connection closed without an answer (--drop: a kept-alive
+connection the server closes as the client reuses it).
 --slow-if-patched: 1.1 x S when the fake vLLM this server imports (tests/fakedist) carries the test patch.
 """
 
@@ -23,6 +24,7 @@ def main(argv):
     p.add_argument("--fail-start", default=None)
     p.add_argument("--never-healthy", action="store_true")
     p.add_argument("--stall", default="0-0")
+    p.add_argument("--drop", default="0-0")
     p.add_argument("--slow-if-patched", action="store_true")
     args, _ = p.parse_known_args(argv)
     if args.slow_if_patched:
@@ -31,6 +33,7 @@ def main(argv):
         with open(model.__file__) as f:
             args.token_s *= 1.1 if "k + q" in f.read() else 1.0
     stall_first, stall_last = (int(x) for x in args.stall.split("-"))
+    drop_first, drop_last = (int(x) for x in args.drop.split("-"))
     count, lock = [0], threading.Lock()
     if args.fail_start:
         print(f"ValueError: {args.fail_start}", flush=True)
@@ -58,6 +61,10 @@ def main(argv):
             with lock:
                 count[0] += 1
                 gap = 5.0 if stall_first <= count[0] <= stall_last else args.token_s
+                drop = drop_first <= count[0] <= drop_last
+            if drop:
+                self.close_connection = True
+                return
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
             self.end_headers()

@@ -217,7 +217,9 @@ class FakeServer:
         class Fake(server.Server):
             module = "fake_openai_server"
 
-        return Fake(["--token-s", "0.005", "--slow-if-patched"], env, log_path, port=port, python=python)
+        # 20 ms a token: the stream's own few ms a token on a loaded host, the same on both sides, would dilute a
+        # 10% slower token of 5 ms below the window asserted.
+        return Fake(["--token-s", "0.02", "--slow-if-patched"], env, log_path, port=port, python=python)
 
 
 def test_serve_sides_are_paired_servers_and_a_slower_one_is_named(env, tmp_path, monkeypatch):

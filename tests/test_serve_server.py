@@ -41,6 +41,20 @@ def test_a_level_through_a_real_http_server_and_nothing_left_after(tmp_path):
     assert not children.group_members(srv.proc.pid)
 
 
+def test_a_request_whose_connection_closes_before_an_answer_is_sent_once_more_and_said(tmp_path):
+    srv = fake(tmp_path, "--token-s", "0.001", "--drop", "1-1")
+    with srv:
+        recs = client.closed_loop(srv.port, "m", [[1], [2]], max_tokens=5, concurrency=1)
+    assert [r["ok"] for r in recs] == [True, True] and "Disconnected" in recs[0]["retried"], recs
+    lv = metrics.level(recs)
+    assert lv["completed"] == 2 and lv["failed"] == 0 and lv["retried"] == 1
+    # Once more only: a request whose second try is dropped too fails with its cause.
+    srv = fake(tmp_path, "--token-s", "0.001", "--drop", "1-2")
+    with srv:
+        (rec,) = client.closed_loop(srv.port, "m", [[1]], max_tokens=5, concurrency=1)
+    assert not rec["ok"] and "Disconnected" in rec["error"] and rec["retried"], rec
+
+
 def test_a_port_in_use_is_refused_with_the_fix(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

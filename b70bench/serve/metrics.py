@@ -85,6 +85,7 @@ def level(
     reqs = [per_request(r) for r in records]
     done = [(r, q) for r, q in zip(records, reqs, strict=True) if q["ttft_s"] is not None]
     out = {"requests": len(records), "completed": len(done), "failed": len(records) - len(done)}
+    out["retried"] = sum(1 for r in records if r.get("retried"))  # sent again on a new connection (serve.client)
     if done:
         span = duration_s or max(r["token_s"][-1] for r, _ in done) - min(r["sent_s"] for r, _ in done)
         tokens = sum(q["tokens"] for _, q in done)
