@@ -25,6 +25,7 @@ from b70bench import children, history, pairing, state, stats, walkdesign, walkl
 from b70bench.decode import pair as decode_pair
 from b70bench.errors import UsageError
 from b70bench.paired import chain, stopping
+from b70bench.paired import placement as placements
 from b70bench.stack import model as decode_model
 
 FOUND, NO_CHANGE, STOPPED = "found", "no change in the range", "stopped"
@@ -236,7 +237,10 @@ def plan_lines(args, pre, revs: list[str]) -> list[str]:
 
 
 def design_plan_line(args, pre, commits: int) -> str:
-    """What --design costs for one change, in starts (placed as the per-pair bisect is) and minutes."""
+    """What --design costs for one change, in starts (placed as the per-pair bisect is) and minutes; where the
+    per-pair bisect is placed together, why --design is not run there."""
+    if pre.where == placements.TOGETHER:
+        return f"  --design: not run here: {walkdesign.TOGETHER_NOT_RUN}"
     steps = design_steps(commits)
     counts = [walkdesign.starts_range(s, pre.where, stopping.DEFAULT_FIRST_BLOCKS) for s in steps]
     first = counts[0][0]
@@ -278,6 +282,8 @@ def run(args) -> int:
     if args.plan:
         print("\n".join(plan_lines(args, pre, revs)))
         return 0
+    if args.design:
+        walkdesign.check_placement(pre.where)
     log = Log(
         state.asv_results_dir(repo) / "bisect.jsonl",
         {

@@ -450,6 +450,8 @@ def run(args) -> int:
                          "like) measure each against itself: drop one")  # fmt: skip
     if args.design and args.shard:
         raise UsageError("--design measures the range as one; --shard splits it across machines: drop one")
+    if args.design:
+        walkdesign.check_placement(placements.choose(placements.AUTO, stack.resolved_backend(), stack)[0])
     inputs = {"asv_args": asv_args, "stack": stack_hash}
     if args.design:  # its verdicts come from another design: a commit walked per pair is not finished for it
         inputs["design"] = True

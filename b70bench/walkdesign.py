@@ -51,6 +51,20 @@ def settings_for(stack: description.Stack, commits: int) -> dict:
     }
 
 
+# Why a design is not run where two engines of the stack fit at once (placement together), for plans and refusals.
+TOGETHER_NOT_RUN = (
+    "two engines of this stack fit at once, where the per-pair walk placed together is the measured choice: a "
+    "design placed together named no-op commits faster or slower from passes that agreed (its engines of one pair "
+    "started a start apart; the 2-core VM, docs/patch-sets-and-asv.md), where the per-pair walk named none"
+)
+
+
+def check_placement(where: str) -> None:
+    """Refuse a design where `where` (the placement auto gives the stack) is together: TOGETHER_NOT_RUN."""
+    if where == placements.TOGETHER:
+        raise UsageError(f"--design: {TOGETHER_NOT_RUN}; drop --design")
+
+
 def starts_range(commits: int, where: str, first_blocks: int = stopping.WALK_FIRST_BLOCKS) -> tuple[int, int]:
     """Starts a design over `commits` walked commits takes at least and at most, placed `where` (together: no warm
     starts, the per-pair first look's blocks as passes; alternate: a warm start each and its longer first look)."""

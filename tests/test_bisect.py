@@ -141,11 +141,10 @@ def test_plan_prints_the_cost_beside_a_walks_and_bad_input_is_one_line(tmp_path)
     assert (
         lines[3].startswith("  a walk of each commit against its parent instead: 12 verdicts") and "~72 min" in lines[3]
     )
-    # Together here: a design of 5 commits (4 starts each: compare's first look of 4 blocks as passes, no warm
-    # start), then one of 4 within the segment that changed; the per-pair bisect's 7 verdicts take 8 starts each.
-    assert lines[4].startswith("  --design (5 commits a design, two engines alive, each commit called with the one")
-    assert "2 designs of 4, 3 segments" in lines[4] and len(lines) == 5
-    assert "; 20 starts at least (no change in the range), 36 to 288 for one change, at most ~42 min" in lines[4]
+    # Together here: no design (it named no-ops where the per-pair walk named none), and a run of it is refused.
+    assert lines[4].startswith("  --design: not run here: two engines of this stack fit at once") and len(lines) == 5
+    bad = subprocess.run([*cmd, "--design"], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert bad.returncode == 2 and bad.stderr.strip().endswith("drop --design"), bad.stderr
     # A stack that states its start and call: minutes at least. A start: 60 s + (96 + 3 warm-up calls) x 0.5 s =
     # 109.5 s; a per-pair verdict placed alternate 14 of them (25.6 min), the design 35 (63.9) and 63 (115.0).
     (tmp_path / "rig.toml").write_text('model = "embedded"\nbackend = "cpu"\nstart_s = 60\ncall_s = 0.5\n')

@@ -322,6 +322,18 @@ def test_together_keeps_two_engines_alive_and_each_start_serves_both_neighbours(
     assert {fake.warmed.count(f"pass00-{k}") for k in ("c0", "c3")} == {1}
 
 
+def test_a_designs_blocks_lean_on_no_standard_error_of_their_rounds():
+    """A pair's two processes in a design were started a start or more apart: as an alternate block's, their rounds
+    say nothing of the offset between them, so the interval comes from the blocks' spread (t over block values)."""
+    from b70bench.paired.blocks import block_ses
+
+    keys = ["c0", "c1", "c2"]
+    design = run(Fake({k: 1.0 for k in keys}), keys, **{**TOGETHER, "max_looks": 1})
+    blocks = design.pairs["c1"].blocks
+    assert blocks and all(b.started_apart and b.placement == "together" for b in blocks)
+    assert block_ses(blocks) == [None] * len(blocks)
+
+
 def test_together_names_the_slowdown_in_under_60_percent_of_the_per_pair_walks_starts():
     keys = [f"c{i}" for i in range(7)]
     speed = {k: 1.0 if i < 3 else 1.08 for i, k in enumerate(keys)}

@@ -315,6 +315,11 @@ def test_plan_names_each_commits_builds_and_runs_nothing(tree_history, tmp_path)
         done.stdout.splitlines()[1]
         == "sides: each commit with B: VLLM_FLAG=1 against A: - on the same commit (not its parent)"
     )
+    # A design where two engines fit (the CPU default) is refused, with why and the fix.
+    plain = [c for c in cmd if c not in ("--shard", "1/2")]
+    done = subprocess.run([*plain, "--design"], capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert "two engines of this stack fit at once" in done.stderr and done.stderr.strip().endswith("drop --design")
 
 
 def test_plan_cost_follows_the_stack_the_budgets_and_the_selected_suites(tmp_path, monkeypatch):

@@ -71,6 +71,12 @@ class Block:
     warm_starts: dict = field(default_factory=dict)  # alternate: side -> the uncounted start that filled its cache
     warm_s: float = 0.0  # of wall_s, the seconds the uncounted starts took
     warm_failed: bool = False  # the error came in an uncounted start: the next block warms, nothing counted is lost
+    # A walk design's block (paired.chain): its calls alternate as a together block's, but its two processes were
+    # started a start or more apart, the earlier one having served its other neighbour first. What differs between
+    # such processes for their whole lives is not bounded by the offset floor (stats.BLOCK_OFFSET_SD, measured on
+    # processes started at once), so, as an alternate block's, its rounds give it no standard error (block_ses) and
+    # the interval comes from the spread between blocks.
+    started_apart: bool = False
 
     def ratios(self, normalise: bool = False, key: str = "latency_s") -> list[float]:
         """B/A of each complete round (of the calls' `key` figure: seconds per call, or another figure they carry,
@@ -117,6 +123,7 @@ class Block:
         return {
             "index": self.index,
             "placement": self.placement,
+            "started_apart": self.started_apart,
             "wall_s": self.wall_s,
             "warm_s": self.warm_s,
             "error": self.error,
@@ -133,10 +140,13 @@ def block_ses(blocks: list[Block], normalise: bool = False, key: str = "latency_
     """Each block's standard error of its log B/A, from its own rounds: their winsorized spread (the block's
     ratio is their trimmed mean), widened for the rounds' lag-1 correlation pooled over the blocks. None for
     a block with fewer than MIN_ROUNDS_FOR_SE rounds, whose spread is too rough to lean on, and for an alternate
-    block: its two starts ran minutes apart, so its rounds are not paired in time and their spread says nothing of
-    what differs between the starts (the host's state over each, each process's own offset); there the block's
-    B/A is one sample, and the interval comes from the spread between blocks."""
-    rounds = [[math.log(r) for r in b.ratios(normalise, key)] if b.placement != "alternate" else [] for b in blocks]
+    block or a design's (started_apart): its two starts ran a start or more apart, so its rounds' spread says
+    nothing of what differs between the starts (the host's state over each, each process's own offset); there the
+    block's B/A is one sample, and the interval comes from the spread between blocks."""
+    rounds = [
+        [math.log(r) for r in b.ratios(normalise, key)] if b.placement != "alternate" and not b.started_apart else []
+        for b in blocks
+    ]
     enough = [x for x in rounds if len(x) >= MIN_ROUNDS_FOR_SE]
     if not enough:
         return [None] * len(blocks)

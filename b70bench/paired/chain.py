@@ -213,7 +213,7 @@ def pair_blocks(starts: list[Start], parent: str, child: str) -> list[Block]:
         if a.placement == placements.TOGETHER:
             # The pair's calls are the later start's segment: its start and the rounds with the earlier one.
             later = a if a.position > b.position else b
-            block = Block(len(blocks), placement=placements.TOGETHER, wall_s=later.wall_s)
+            block = Block(len(blocks), placement=placements.TOGETHER, wall_s=later.wall_s, started_apart=True)
             a_calls = [c for c in a.calls if c.get("with") == child]
             b_calls = [c for c in b.calls if c.get("with") == parent]
         else:
