@@ -1,10 +1,10 @@
 """`revisions --design`: a walk's decode verdicts measured as one design (paired.chain) before asv runs.
 
-The commits of the range and the parent of its first (the base) are started once a pass, placed as `auto` places a
-pair (two engines alive where two fit, else one at a time), and
-each commit's result against the commit before it is written where the decode adapter reads it (chain.result_path
-under DESIGN_DIR), so asv records the same figures, and the page the same verdicts, as a per-pair walk would. What
-a design saves is starts: N + 1 a pass instead of 2N (chain.least_starts beside stopping.least_starts).
+The commits of the range and the parent of its first (the base) are started once a pass, one engine at a time (where
+`auto` places a pair together, check_placement refuses the design: TOGETHER_NOT_RUN), and each commit's result
+against the commit before it is written where the decode adapter reads it (chain.result_path under DESIGN_DIR), so
+asv records the same figures, and the page the same verdicts, as a per-pair walk would. What a design saves is
+starts: N + 1 a pass instead of 2N (chain.least_starts beside stopping.least_starts).
 """
 
 from __future__ import annotations
