@@ -421,10 +421,11 @@ def test_asv_walk_over_patch_sets(tmp_path):
     mine = {v["commit"]: v for v in verdicts if v["benchmark"].split("(")[0] == SPEED_FIGURE}
     assert {c for c, v in mine.items() if v["verdict"] == "slower"} == slowed, why
     assert set(mine) == {commits[n] for n in decoded if n != "broken"}, why
-    # The sizes the injected work predicts, not only the word: sixty-four 16x16 products ~15-28% by host
-    # (GRAPH_REPS); the MoE layer's 128x128 products (RUNNER_REPS) read 1.16-1.17 over twenty of them, less over a
-    # slower parent. Windows wide enough for a block's spread on a drifting host.
-    assert 1.08 <= mine[commits["slowdown"]]["ratio"] <= 1.45, why
+    # The sizes the injected work predicts, not only the word: sixty-four 16x16 products ~15-50% by host
+    # (GRAPH_REPS: a fixed cost a step, so the larger share where the model's own step is quicker, as with AVX-512);
+    # the MoE layer's 128x128 products (RUNNER_REPS) read 1.16-1.17 over twenty of them, less over a slower parent.
+    # Windows wide enough for a block's spread on a drifting host.
+    assert 1.08 <= mine[commits["slowdown"]]["ratio"] <= 1.70, why
     assert 1.07 <= mine[commits["moe-kernel"]]["ratio"] <= 1.80, why
     # The default-off branch changes no speed: never named; "undecided" is accepted because its blocks run with the
     # hog injected on purpose and two blocks do not narrow them to 5%, but the ratio stays near 1.
