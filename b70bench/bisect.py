@@ -376,8 +376,9 @@ def register(sub) -> None:
         "--design",
         action="store_true",
         help=f"decode: measure {WAYS + 1} commits of the range at a time as one design (each started once a pass, "
-        "placed as the per-pair bisect is, every start serving both neighbours' verdicts), then the segment that "
-        "changed the same way, until one commit; --plan says whether it takes fewer starts than the per-pair bisect",
+        "one engine at a time (refused where two fit), every start serving both neighbours' verdicts), then the "
+        "segment that changed the same way, until one commit; --plan says whether it takes fewer starts than the "
+        "per-pair bisect",
     )
     pairing.add_measure_options(p, ("decode", "serve"))
     p.set_defaults(func=run)

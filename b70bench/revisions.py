@@ -450,10 +450,9 @@ def run(args) -> int:
                          "like) measure each against itself: drop one")  # fmt: skip
     if args.design and args.shard:
         raise UsageError("--design measures the range as one; --shard splits it across machines: drop one")
-    if args.design:
-        walkdesign.check_placement(placements.choose(placements.AUTO, stack.resolved_backend(), stack)[0])
     inputs = {"asv_args": asv_args, "stack": stack_hash}
     if args.design:  # its verdicts come from another design: a commit walked per pair is not finished for it
+        walkdesign.check_placement(placements.choose(placements.AUTO, stack.resolved_backend(), stack)[0])
         inputs["design"] = True
     settings_text = side_settings.to_env(settings)
     if settings_text:
@@ -535,9 +534,9 @@ def register(sub) -> None:
     p.add_argument(
         "--design",
         action="store_true",
-        help="measure the decode verdicts as one design before asv runs: each commit started once a pass (placed as "
-        "auto places a pair), its starts serving its own verdict and its child's; its first look runs whole (--plan "
-        "gives the starts beside the per-pair walk's)",
+        help="measure the decode verdicts as one design before asv runs: each commit started once a pass, one engine "
+        "at a time (refused where two engines fit), its starts serving its own verdict and its child's; its first "
+        "look runs whole (--plan gives the starts beside the per-pair walk's)",
     )
     p.add_argument("--plan", action="store_true", help="print the plan (commits, builds, budgets) and run nothing")
     p.add_argument(
