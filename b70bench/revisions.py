@@ -324,6 +324,10 @@ def ensure_machine(repo: Path, machine: str) -> None:
         raise UsageError(f"asv machine --machine {machine} failed: {(done.stderr or done.stdout).strip()[-300:]}")
 
 
+def _commits(n: int) -> str:
+    return f"{n} commit" if n == 1 else f"{n} commits"
+
+
 def plan_lines(
     walker: Walker,
     commits: list[str],
@@ -414,7 +418,7 @@ def cost_lines(asv_args: list[str], stack: description.Stack, commits: int) -> l
         f"starts: {stopping.least_starts(stopping.WALK_FIRST_BLOCKS, where)} at least a decided measurement "
         f"({warm}{first} blocks of {len(SIDES)})",
         f"time: at most ~{minutes:g} min a commit (+ the block under way when a budget runs out, builds, isolated "
-        f"suites); ~{minutes * commits / 60:.1f} h for {commits} commits to measure",
+        f"suites); ~{minutes * commits / 60:.1f} h for {_commits(commits)} to measure",
     ]
     return lines
 
@@ -461,7 +465,7 @@ def run(args) -> int:
     machine = args.machine or platform.node()
     results = state.asv_results_dir(walker.repo)
     record = Record(walklog.path(results, machine), inputs)
-    where = f"shard {args.shard} ({len(commits)} of {len(every)} commits)" if args.shard else f"{len(commits)} commits"
+    where = f"shard {args.shard} ({len(commits)} of {len(every)} commits)" if args.shard else _commits(len(commits))
     header = f"plan: {where} on machine {machine}, results in {results}"
     if "settings" in inputs:
         header += f"\nsides: each commit with {side_settings.describe(settings)} on the same commit (not its parent)"

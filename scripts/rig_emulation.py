@@ -23,7 +23,8 @@ Stages, in order (`all` runs them in turn):
   summary  WORK/summary.json: each commit's verdict or failure, starts, minutes; the walk's wall time beside the
            plan's; the tree and site checked unchanged; engines left (`ps`)
 Environment: REPS, SIZE (the slowdown, 8 and 64), LAYERS, HIDDEN (the model, 16 and 512), KV_GIB (10),
-KILL_COMMIT (noop), KILL_START (3). Logs: WORK/logs. Everything the walk writes stays under WORK.
+KILL_COMMIT (noop), KILL_START (3), RANGE (the walk's and plan's commits, HEAD~4..HEAD:
+HEAD~4..HEAD~3 walks slow alone). Logs: WORK/logs. Everything the walk writes stays under WORK.
 """
 
 from __future__ import annotations
@@ -238,7 +239,7 @@ def cost(work: Path) -> None:
 def walk_args(work: Path) -> list[str]:
     return [
         "revisions",
-        "HEAD~4..HEAD",
+        os.environ.get("RANGE") or "HEAD~4..HEAD",
         "--repo",
         str(work / "repo"),
         "--python",

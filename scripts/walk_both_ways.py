@@ -8,7 +8,8 @@ cost in starts and minutes; --json keeps it all.
 
 GOOD BAD and the options are `b70bench bisect`'s (its parser): --budget is minutes a pair, and the design gets the
 same minutes for all its pairs together; both use compare's rule (--level, --min-effect, --floor, first look) and
-the placement `auto` picks. The per-pair walk runs first, then the design.
+the placement `auto` picks. The per-pair walk runs first, then the design; --design-only skips the per-pair walk
+(an A/A chain of identical commits, say, to see how each position of a pass reads).
 """
 
 from __future__ import annotations
@@ -31,7 +32,9 @@ KEEP = ("verdict", "text", "ratio", "lo", "hi", "blocks", "starts", "minutes", "
 def main() -> int:
     parser = argparse.ArgumentParser()
     bisect.register(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(["bisect", *sys.argv[1:]])
+    argv = sys.argv[1:]
+    design_only = "--design-only" in argv
+    args = parser.parse_args(["bisect", *(a for a in argv if a != "--design-only")])
     repo = Path(args.repo).resolve()
     good = history.git(repo, "rev-parse", "--verify", f"{args.good}^{{commit}}")
     bad = history.git(repo, "rev-parse", "--verify", f"{args.bad}^{{commit}}")
@@ -42,7 +45,7 @@ def main() -> int:
     print(f"{len(revs) - 1} commits, {pre.stack.describe()}, placement {pre.where}, budget {args.budget:g} min a pair")
 
     per_pair, t0 = {}, time.monotonic()
-    for a, b in zip(revs, revs[1:], strict=False):
+    for a, b in [] if design_only else zip(revs, revs[1:], strict=False):
         res, _labels = pairing.measure(args, pre, a, b, out_dir / f"pair-{b[:10]}", say=False)
         per_pair[b] = {k: res.get(k) for k in KEEP}
         print(f"  per pair  {subjects[b]:<24} {res['text']} ({res['blocks']} blocks, {res['minutes']:.1f} min)")
@@ -62,7 +65,10 @@ def main() -> int:
         print(f"  design    {subjects[c]:<24} {got[c]['text']} ({got[c]['blocks']} blocks)")
 
     pair_starts = sum(r["starts"] or 0 for r in per_pair.values())
-    print(f"per pair: {pair_starts} starts, {pair_min:.1f} min; design: {cost['starts']} starts "
+    if design_only:
+        print(f"design: {cost['starts']} starts ({cost['passes']} passes), {design_min:.1f} min")
+    else:
+        print(f"per pair: {pair_starts} starts, {pair_min:.1f} min; design: {cost['starts']} starts "
           f"({cost['passes']} passes), {design_min:.1f} min; design/per pair: {cost['starts'] / pair_starts:.0%} "
           f"of the starts, {design_min / pair_min:.0%} of the minutes")  # fmt: skip
     if args.json:
