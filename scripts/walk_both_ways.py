@@ -31,10 +31,10 @@ KEEP = ("verdict", "text", "ratio", "lo", "hi", "blocks", "starts", "minutes", "
 
 def main() -> int:
     parser = argparse.ArgumentParser()
-    bisect.register(parser.add_subparsers(dest="command"))
-    argv = sys.argv[1:]
-    design_only = "--design-only" in argv
-    args = parser.parse_args(["bisect", *(a for a in argv if a != "--design-only")])
+    sub = parser.add_subparsers(dest="command")
+    bisect.register(sub)
+    sub.choices["bisect"].add_argument("--design-only", action="store_true", help="measure the design alone")
+    args = parser.parse_args(["bisect", *sys.argv[1:]])
     repo = Path(args.repo).resolve()
     good = history.git(repo, "rev-parse", "--verify", f"{args.good}^{{commit}}")
     bad = history.git(repo, "rev-parse", "--verify", f"{args.bad}^{{commit}}")
@@ -45,7 +45,9 @@ def main() -> int:
     print(f"{len(revs) - 1} commits, {pre.stack.describe()}, placement {pre.where}, budget {args.budget:g} min a pair")
 
     per_pair, t0 = {}, time.monotonic()
-    for a, b in [] if design_only else zip(revs, revs[1:], strict=False):
+    for a, b in zip(revs, revs[1:], strict=False):
+        if args.design_only:
+            break
         res, _labels = pairing.measure(args, pre, a, b, out_dir / f"pair-{b[:10]}", say=False)
         per_pair[b] = {k: res.get(k) for k in KEEP}
         print(f"  per pair  {subjects[b]:<24} {res['text']} ({res['blocks']} blocks, {res['minutes']:.1f} min)")
@@ -65,12 +67,14 @@ def main() -> int:
         print(f"  design    {subjects[c]:<24} {got[c]['text']} ({got[c]['blocks']} blocks)")
 
     pair_starts = sum(r["starts"] or 0 for r in per_pair.values())
-    if design_only:
-        print(f"design: {cost['starts']} starts ({cost['passes']} passes), {design_min:.1f} min")
+    design_text = f"design: {cost['starts']} starts ({cost['passes']} passes), {design_min:.1f} min"
+    if args.design_only:
+        print(design_text)
     else:
-        print(f"per pair: {pair_starts} starts, {pair_min:.1f} min; design: {cost['starts']} starts "
-          f"({cost['passes']} passes), {design_min:.1f} min; design/per pair: {cost['starts'] / pair_starts:.0%} "
-          f"of the starts, {design_min / pair_min:.0%} of the minutes")  # fmt: skip
+        print(
+            f"per pair: {pair_starts} starts, {pair_min:.1f} min; {design_text}; design/per pair: "
+            f"{cost['starts'] / pair_starts:.0%} of the starts, {design_min / pair_min:.0%} of the minutes"
+        )
     if args.json:
         summary = {
             "commits": {c: subjects[c] for c in revs},
