@@ -36,10 +36,12 @@ from asv.plugins.regressions import Regressions
 from asv.publishing import OutputPublisher
 from asv.results import iter_results
 
-from b70bench import stats, verdicts, walklog
+from b70bench import cachekey, stats, verdicts, walklog
 from b70bench.figures import (
     DECIDED,
     GATE_BY,
+    KEY_BY,
+    KEY_FIGURES,
     PAIRED_BY,
     TIMED,
     WITHDRAWN,
@@ -48,7 +50,7 @@ from b70bench.figures import (
     measured_samples,
     paired_figures,
 )
-from b70bench.paired import placement
+from b70bench.paired import placement, stopping
 
 NOTE_ID = "b70bench-verdicts"
 FEED = "b70bench-verdicts.xml"
@@ -119,6 +121,58 @@ def _around(v: verdicts.Verdict, seconds: dict) -> tuple[float, float]:
     return 1.0, r
 
 
+# The paired measurement's stop as stored (paired.stopping.STOPS), back to its words.
+STOPPED = {code: word for word, code in stopping.STOPS.items()}
+
+
+class _SavedChanges:
+    """The key changes a walk saved per commit and shape (cachekey.saved_changes), read once a commit."""
+
+    def __init__(self):
+        self.by_commit: dict[str, dict] = {}
+
+    def get(self, commit: str, shape: str | None) -> dict | None:
+        if commit not in self.by_commit:
+            self.by_commit[commit] = cachekey.saved_changes(commit)
+        return self.by_commit[commit].get(shape) if shape else None
+
+
+def _shape_of(combo: tuple) -> str | None:
+    """The decode shape of a parameter combination (asv keeps each value as its repr: "'p128n128'")."""
+    return str(combo[0]).strip("'\"") if combo else None
+
+
+def _key_change(figure: dict, combo: tuple, commit: str, changes: _SavedChanges) -> dict | None:
+    """The commit's key change against its parent for the page: the figure (0/1, travels with the results), with the
+    keys and the factor where the walking machine saved them (its state directory)."""
+    moved = _single(figure, combo, commit)
+    if moved is None:
+        return None
+    saved = changes.get(commit, _shape_of(combo))
+    if saved and saved.get("aot_differs_from_parent") == int(moved):
+        return saved
+    return {"aot_differs_from_parent": int(moved), "why": [], "line": "moved" if moved else "unchanged"}
+
+
+def _key_moves(benchmark: dict, graph, results: list, benchmarks, revisions: dict, git) -> list:
+    """(entry name, param index, jumps) of one key figure: a jump at every commit that reads 1, from its parent."""
+    figure = _figure(results, benchmarks, benchmark["name"], graph, revisions)
+    combos = list(itertools.product(*benchmark["params"])) if benchmark.get("params") else [()]
+    out = []
+    for j, combo in enumerate(combos):
+        commits = figure.get(tuple(combo), {})
+        if not commits:
+            continue
+        jumps = []
+        for c, (_s, val) in sorted(commits.items(), key=lambda kv: revisions[kv[0]]):
+            if val == 1:
+                parent = git.info(c)[0]
+                jumps.append((revisions.get(parent), revisions[c], 0.0, 1.0))
+        name = _entry_name(benchmark, combo if benchmark.get("params") else None)
+        out.append((name, j if benchmark.get("params") else None, jumps))
+    return out
+
+
 class _Git:
     """Parent and subject of commits, from `git log` in the project's repository; failures read as unknown."""
 
@@ -183,6 +237,7 @@ class Verdicts(OutputPublisher):
         git = _Git(conf, repo)
         rows, entries, decided = [], [], set()
         results = list(iter_results(conf.results_dir))  # read once; every decided graph reads the same files
+        changes = _SavedChanges()
         for file_name, graph in graphs:
             benchmark = benchmarks.get(os.path.basename(file_name))
             if not benchmark or benchmark["name"] not in DECIDED or "summary" in graph.params:
@@ -190,9 +245,14 @@ class Verdicts(OutputPublisher):
             graph_params = {k: v for k, v in graph.params.items() if len(all_params[k]) > 1}
             seconds = _figure(results, benchmarks, benchmark["name"], graph, revisions)
             suite = PAIRED_BY.get(benchmark["name"])
-            ratios, ses, minutes, placed = (
+            ratios, ses, minutes, placed, stopped = (
                 _figure(results, benchmarks, f"{suite}.{figure}", graph, revisions) if suite else {}
                 for figure in paired_figures(benchmark["name"])
+            )
+            key = (
+                _figure(results, benchmarks, KEY_BY[benchmark["name"]], graph, revisions)
+                if benchmark["name"] in KEY_BY
+                else {}
             )
             calls = next(
                 (
@@ -254,6 +314,8 @@ class Verdicts(OutputPublisher):
                 for v in decided_here:
                     v.subject = git.info(v.commit)[1]
                     v.machine = graph.params.get("machine")
+                    v.stopped = STOPPED.get(_single(stopped, tuple(combo), v.commit))
+                    v.key_change = _key_change(key, tuple(combo), v.commit, changes)
                 rows += [(name, graph_params, idx, v) for v in decided_here]
                 if jumps:
                     levels = {c: x for c, (s, val) in mine.items() if (x := _level(s, val)) is not None}
@@ -262,6 +324,14 @@ class Verdicts(OutputPublisher):
                     else:  # no seconds values at all: the paired ratios' own scale
                         last = best = 1.0
                     entries.append([name, graph.path + ".json", graph_params, idx, last, best, jumps])
+        for file_name, graph in graphs:
+            benchmark = benchmarks.get(os.path.basename(file_name))
+            if benchmark and benchmark["name"] in KEY_FIGURES and "summary" not in graph.params:
+                graph_params = {k: v for k, v in graph.params.items() if len(all_params[k]) > 1}
+                for name, idx, jumps in _key_moves(benchmark, graph, results, benchmarks, revisions, git):
+                    decided.add(name)
+                    if jumps:
+                        entries.append([name, graph.path + ".json", graph_params, idx, 1.0, 0.0, jumps])
         kept = [r for r in asv_entries if bare(r[0]) not in WITHDRAWN and r[0] not in decided]
         data["regressions"] = kept + entries
         util.write_json(path, data, compact=True)
@@ -317,6 +387,13 @@ def _row_json(name: str, params: dict, v: verdicts.Verdict) -> dict:
         "machine": v.machine,
         "before": v.before,
         "after": v.after,
+        "block_ratios": list(v.blocks),
+        "stopped": v.stopped,
+        "key_changed": (v.key_change or {}).get("aot_differs_from_parent"),
+        "key_change": (v.key_change or {}).get("line"),
+        "parent_aot_key": (v.key_change or {}).get("parent_aot_key"),
+        "aot_key": (v.key_change or {}).get("aot_key"),
+        "key_factors": (v.key_change or {}).get("factors"),
     }
 
 
@@ -342,7 +419,7 @@ def _failed_build_row(row: dict, hash_length: int) -> str:
         return (
             f"<tr><td>-</td><td><code>{b['commit'][:hash_length]}</code> {html.escape(b['subject'] or '-')}</td>"
             f"<td>-</td><td>-</td><td><b>measurement failed</b>: {html.escape(b['error'] or '-')}</td>"
-            f"<td>not measured (a resumed walk measures it again)</td><td>-</td>"
+            f"<td>not measured (a resumed walk measures it again)</td><td>-</td><td>-</td>"
             f"<td>{html.escape(b['machine'] or '-')}</td></tr>"
         )
     last = b["headline"] or "(no output)"
@@ -350,7 +427,7 @@ def _failed_build_row(row: dict, hash_length: int) -> str:
         f"<tr><td>build of {html.escape(os.path.basename(b['tree'] or '-'))}</td><td><code>"
         f"{b['commit'][:hash_length]}</code> {html.escape(b['subject'] or '-')}</td><td>-</td><td>-</td>"
         f"<td><b>failed build</b>: <code>{html.escape(b['command'] or '-')}</code> exit {b['exit']}; "
-        f"<code>{html.escape(last)}</code></td><td>not measured</td><td>-</td>"
+        f"<code>{html.escape(last)}</code></td><td>not measured</td><td>-</td><td>-</td>"
         f"<td>{html.escape(b['machine'] or '-')}</td></tr>"
     )
 
@@ -383,6 +460,29 @@ def _samples(v: verdicts.Verdict, name: str) -> str:
     return text + (f", {v.calls} {_timed_word(name)}s a side" if v.calls is not None else "")
 
 
+def _why_stopped(v: verdicts.Verdict) -> str:
+    """An undecided paired row's blocks and why no further one was taken: "too noisy" (blocks that disagree, budget
+    spent) told from "too short" (few blocks)."""
+    if v.rule != verdicts.PAIRED or v.verdict != stats.UNDECIDED:
+        return ""
+    blocks = " ".join(f"{x:.3f}" for x in v.blocks) or "none"
+    return f"<br>blocks B/A: {blocks}" + (f"; stopped: {html.escape(v.stopped)}" if v.stopped else "")
+
+
+def _key_cell(v: verdicts.Verdict, hash_length: int) -> str:
+    """The commit's compile-cache key against its parent's: the line (old -> new, factor) where it moved, with the
+    command that accepts the new key as the known-good one."""
+    change = v.key_change
+    if not change:
+        return "-"
+    if change.get("aot_differs_from_parent") != 1:
+        return "same"
+    return (
+        f"<b>moved</b>: {html.escape(change.get('line') or 'moved')}<br>accept it: "
+        f"<code>b70bench cache-key pin {v.commit[:hash_length]}</code>"
+    )
+
+
 def _write_note(
     html_dir: str, level: float, min_effect: float, floor: float, rows, hash_length: int, failed: list | None = None
 ) -> None:
@@ -395,8 +495,8 @@ def _write_note(
         body.append(
             f"<tr><td>{html.escape(name)}</td><td><code>{v.commit[:hash_length]}</code> "
             f"{html.escape(v.subject or '-')}</td><td>{_against(v, hash_length)}</td><td>{figures}</td>"
-            f"<td><b>{html.escape(v.text)}</b></td><td>{_samples(v, name)}</td><td>{minutes}</td>"
-            f"<td>{html.escape(v.machine or '-')}</td></tr>"
+            f"<td><b>{html.escape(v.text)}</b></td><td>{_samples(v, name)}{_why_stopped(v)}</td><td>{minutes}</td>"
+            f"<td>{_key_cell(v, hash_length)}</td><td>{html.escape(v.machine or '-')}</td></tr>"
         )
     body += [_failed_build_row(row, hash_length) for row in failed or []]
     rules = tuple(dict.fromkeys(v.rule for *_rest, v in rows)) or (verdicts.PAIRED, verdicts.UNPAIRED)
@@ -410,7 +510,8 @@ def _write_note(
         f"fresh vLLM start. Throughput figures are not listed (asv reads every rise as a regression; their "
         f"verdict is the seconds figure's), nor the paired measurement's ratio, minutes and calls.</p>"
         f'<table class="table table-condensed"><thead><tr><th>figure</th><th>commit</th><th>against</th>'
-        f"<th>ratio [{level:.0%} interval]</th><th>verdict</th><th>samples</th><th>minutes</th><th>machine</th>"
+        f"<th>ratio [{level:.0%} interval]</th><th>verdict</th><th>samples</th><th>minutes</th>"
+        f"<th>compile-cache key against the parent</th><th>machine</th>"
         f"</tr></thead>"
         f"<tbody>{''.join(body)}</tbody></table></div>"
     )

@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from b70bench import children, history, pairing, state, stats, walkdesign, walklog
+from b70bench import cachekey, children, history, pairing, state, stats, walkdesign, walklog
 from b70bench.decode import pair as decode_pair
 from b70bench.errors import UsageError
 from b70bench.paired import chain, stopping
@@ -53,6 +53,7 @@ def search(revs: list[str], measure, out=print) -> dict:
         res = measure(revs[i], revs[j])
         steps.append({"a": revs[i], "b": revs[j], "why": why, "word": word(res), **_figures(res)})
         out(f"  [{len(steps)}] {revs[j][:10]} against {revs[i][:10]} ({why}): {_text(res)}")
+        _say_key(res, out)
         return steps[-1]["word"]
 
     first = verdict(0, len(revs) - 1, "the range")
@@ -146,6 +147,7 @@ def search_design(revs: list[str], measure_chain, out=print, ways: int = WAYS) -
             w = word(res)
             steps.append({"a": a, "b": b, "why": f"design {len(costs)}", "word": w, **_figures(res)})
             out(f"  [{len(steps)}] {b[:10]} against {a[:10]} ({j - i} commit{'' if j - i == 1 else 's'}): {_text(res)}")
+            _say_key(res, out)
             if w in (stats.SLOWER, stats.FASTER):
                 if j - i == 1:
                     found.append((b, a, w))
@@ -172,7 +174,13 @@ def search_design(revs: list[str], measure_chain, out=print, ways: int = WAYS) -
 
 
 def _figures(res: dict) -> dict:
-    return {k: res.get(k) for k in ("ratio", "lo", "hi", "text", "blocks", "starts", "minutes")}
+    return {k: res.get(k) for k in ("ratio", "lo", "hi", "text", "blocks", "starts", "minutes", "key_change")}
+
+
+def _say_key(res: dict, out) -> None:
+    """The verdict's compile-cache key line, as compare and the walk print it (decode: both sides' keys)."""
+    if res.get("key_change"):
+        out(f"      compile-cache key: {cachekey.change_line(res['key_change'])}")
 
 
 def _text(res: dict) -> str:

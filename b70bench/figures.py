@@ -48,13 +48,19 @@ PAIRED_BY = {
     "bench_serve.Serve.track_ttft_s": "bench_serve.Serve",
 }
 PAIRED_RATIO = {"bench_serve.Serve.track_tpot_s": "tpot_", "bench_serve.Serve.track_ttft_s": "ttft_"}
-PAIRED_FIGURES = ("track_ratio_to_parent", "track_ratio_se_to_parent", "track_minutes", "track_placement")
+PAIRED_FIGURES = (
+    "track_ratio_to_parent",
+    "track_ratio_se_to_parent",
+    "track_minutes",
+    "track_placement",
+    "track_stopped",
+)
 PAIRED_SUITES = tuple(dict.fromkeys(PAIRED_BY.values()))
 
 
 def paired_figures(name: str) -> tuple[str, ...]:
     """The paired figures of a decided figure, under its suite: its own ratio and standard errors, the shared
-    minutes and placement."""
+    minutes, placement and why it stopped."""
     prefix = PAIRED_RATIO.get(name, "")
     return tuple(f.replace("track_", f"track_{prefix}", 1) if "ratio" in f else f for f in PAIRED_FIGURES)
 
@@ -70,6 +76,14 @@ def count_figures(suite: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys((f"{suite}.track_{TIMED[suite]}s", f"{suite}.{OLD_COUNT_FIGURE}")))
 
 
+# The compile-cache key figures against the parent (0 same, 1 moved; cachekey.change): b70bench names each commit that
+# reads 1 (asv's step fit would read a one-commit rise and fall as noise), and the page shows the move beside the
+# decode verdicts of the same commit and shape (KEY_BY).
+KEY_FIGURES = (
+    "bench_decode.Decode.track_aot_key_differs_from_parent",
+    "bench_decode.Decode.track_piecewise_key_differs_from_parent",
+)
+KEY_BY = {name: KEY_FIGURES[0] for name in DECIDED if name.startswith("bench_decode.")}
 # The exact-token gate of a decided figure's suite (0 pass, 1 fail): a commit that failed it has its speed withheld,
 # and the page says so rather than counting its missing samples.
 GATE_BY = {name: "bench_decode.Decode.track_gate" for name in DECIDED if name.startswith("bench_decode.")}

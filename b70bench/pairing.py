@@ -14,7 +14,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from b70bench import device, patches, sides, stats
+from b70bench import cachekey, device, patches, sides, stats
 from b70bench import side_settings as side_flags
 from b70bench.decode import pair
 from b70bench.errors import UsageError
@@ -60,6 +60,8 @@ def format_result(res: dict, labels: dict) -> list[str]:
         g += f" ({f['gate_reason']})" if f.get("gate_reason") else ""
         g += "; tokens vary among its starts" if f.get("varies") else ""
         lines.append(f"side {s} ({labels[s]}): gate {g}; cache keys {' | '.join(f['cache_keys']) or '-'}")
+    if res.get("key_change"):
+        lines.append(f"compile-cache key, B against A: {cachekey.change_line(res['key_change'])}")
     if any(res["sides"][s]["gate"] is None for s in SIDES) and res.get("suite") != "moe-down":
         lines.append(
             "gate unpinned for this stack: review, then pin with `b70bench decode --stack FILE --shapes "

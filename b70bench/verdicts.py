@@ -73,6 +73,9 @@ class Verdict:
     notes: list[str] = field(default_factory=list)
     placement: str | None = None
     machine: str | None = None  # the asv machine whose results decided it (filled by the asv plugin)
+    blocks: tuple[float, ...] = ()  # paired: the B/A of each block, in order
+    stopped: str | None = None  # paired: why no further block was taken (paired.stopping.STOPS; the asv plugin)
+    key_change: dict | None = None  # the commit's compile-cache keys against its parent's (cachekey.change; plugin)
 
     @property
     def verdict(self) -> str:
@@ -130,6 +133,7 @@ def paired(
                 placement=p.placement,
                 calls=p.calls,
                 rule=PAIRED,
+                blocks=tuple(x for x in p.samples if x is not None and x > 0),
             )
         )
     return out

@@ -39,6 +39,7 @@ from .common import (
     lost_if_failed,
     paired_walk,
     samples,
+    say,
     select_device,
     setup_timeout_s,
     skip_if,
@@ -133,8 +134,12 @@ def _paired_summary(shape: str, dev, stack) -> dict:
         "minutes": res["minutes"],
         "calls": res["calls_per_side"],
         "cache_key": cachekey.from_decode_record(run),
+        # A design's results written before keys were compared carry none: read from the same sides' facts.
+        "key_change": res.get("key_change") or cachekey.from_sides(res["sides"]),
+        "stopped": res.get("stopped"),
     }
-    cachekey.save(summary["cache_key"], run)
+    say(f"{shape}: compile-cache key: {cachekey.change_line(summary['key_change'])}")
+    cachekey.save({**summary["cache_key"], "key_change": summary["key_change"]}, run)
     return summary
 
 
@@ -215,14 +220,28 @@ class Decode(_PairedFigures):
 
     track_gate.unit = "fail"
 
-    def track_aot_key_differs_from_pin(self, cache, shape, stack=None):
-        """0: vLLM chose the pinned AOT graph for this machine and config; 1: another (an upward step)."""
+    def track_aot_key_differs_from_parent(self, cache, shape, stack=None):
+        """Walking commits: 1 where this commit's AOT graph key differs from its parent's, read from the same paired
+        measurement's engines (each move named at its own commit), else 0; NaN where nothing was paired."""
+        return value(cache[shape].get("key_change") or {}, "aot_differs_from_parent")
+
+    track_aot_key_differs_from_parent.unit = "changed"
+
+    def track_piecewise_key_differs_from_parent(self, cache, shape, stack=None):
+        """The same for the 10-hex piecewise key; NaN where vLLM writes none (the CPU)."""
+        return value(cache[shape].get("key_change") or {}, "piecewise_differs_from_parent")
+
+    track_piecewise_key_differs_from_parent.unit = "changed"
+
+    def track_aot_key_differs_from_known_good(self, cache, shape, stack=None):
+        """0: vLLM chose the known-good AOT graph pinned for this machine and config (`b70bench cache-key pin`);
+        1: another. Once the key has moved, every later commit reads 1: the parent figure names each move."""
         return value(cache[shape]["cache_key"], "aot_differs")
 
-    track_aot_key_differs_from_pin.unit = "changed"
+    track_aot_key_differs_from_known_good.unit = "changed"
 
-    def track_piecewise_key_differs_from_pin(self, cache, shape, stack=None):
+    def track_piecewise_key_differs_from_known_good(self, cache, shape, stack=None):
         """The same for the 10-hex piecewise key; NaN where vLLM writes none (the CPU)."""
         return value(cache[shape]["cache_key"], "piecewise_differs")
 
-    track_piecewise_key_differs_from_pin.unit = "changed"
+    track_piecewise_key_differs_from_known_good.unit = "changed"

@@ -104,6 +104,7 @@ def _paired_level(concurrency: int, backend: str, stack) -> dict:
         "minutes": res["minutes"],
         "levels": res["levels_per_side"],
         "placement": res.get("placement"),
+        "stopped": res.get("stopped"),
     }
 
 

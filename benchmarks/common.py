@@ -231,3 +231,10 @@ class _PairedFigures:
         return placement_code(cache[param])
 
     track_placement.unit = "placement"
+
+    def track_stopped(self, cache, param, stack=None):
+        """Why the paired measurement took no further block (paired.stopping.STOPS: 0 decided, 1 budget spent,
+        2 start cap, 3 looks spent, 4 failed blocks): the page says it beside an undecided verdict."""
+        return stopping.STOPS.get(cache[param].get("stopped"), math.nan)
+
+    track_stopped.unit = "stop"

@@ -49,7 +49,7 @@ from b70bench.hog import Hog
 from b70bench.patches import synthetic
 
 ROOT = Path(__file__).resolve().parent.parent
-CACHE_KEY_FIGURE = "bench_decode.Decode.track_aot_key_differs_from_pin"
+CACHE_KEY_FIGURE = "bench_decode.Decode.track_aot_key_differs_from_known_good"
 SPEED_FIGURE = "bench_decode.Decode.track_s_per_output_token"
 SPEED_FIGURES = (
     SPEED_FIGURE,

@@ -279,3 +279,54 @@ def test_measure_takes_the_stacks_first_shape(tmp_path, monkeypatch):
     assert main(["cache-key", "measure", "--stack", str(stack)]) == 0
     assert main(["cache-key", "measure", "--stack", str(stack), "--shape", "p16n16"]) == 0
     assert seen == ["p64n32", "p16n16"]
+
+
+def test_each_key_move_is_named_at_its_own_commit_against_its_parent(tmp_path):
+    """The seeds' failure twice over: a first default-off branch moves the AOT key, a second one on top moves it
+    again. Against the pin both later commits read 1; against the parent each move reads 1 at its own commit, the
+    commit between reads 0, and each line names the file and the line that moved."""
+    walk = [("c0", AOT_A, 385, MODEL_SRC), ("c1", AOT_B, 391, "import os\n" + MODEL_SRC)]
+    walk += [("c2", AOT_B, 391, "import os\n" + MODEL_SRC), ("c3", "c" * 64, 397, "import os, re\n" + MODEL_SRC)]
+    sides = {}
+    for name, key, line, src in walk:
+        write_aot(tmp_path / name, key, line, src)
+        sides[name] = {"keys": cachekey.described_keys({"cache_dir": str(tmp_path / name), "cache_keys": [key]})}
+    moves = [cachekey.against_parent(sides[a], sides[b]) for a, b in (("c0", "c1"), ("c1", "c2"), ("c2", "c3"))]
+    assert [m["aot_differs_from_parent"] for m in moves] == [1, 0, 1]
+    assert [m["piecewise_differs_from_parent"] for m in moves] == [None, None, None]  # the CPU writes none
+    assert cachekey.change_line(moves[0]) == (
+        f"AOT key {AOT_A[:12]} -> {AOT_B[:12]}: minimax_m2.py changed "
+        "(MiniMaxM2Model.forward moved from line 385 to 391)"
+    )
+    assert moves[0]["factors"] == ["code"]
+    assert cachekey.change_line(moves[1]) == f"AOT key {AOT_B[:12]} unchanged"
+    assert moves[2]["parent_aot_key"] == AOT_B and moves[2]["aot_key"] == "c" * 64
+    assert "391 to 397" in cachekey.change_line(moves[2])
+
+
+def test_a_paired_results_sides_give_its_key_change(tmp_path):
+    """decode.pair records each side's cache directory and the keys its engines logged; a persistent directory also
+    holds an earlier commit's key, which is not what this side chose."""
+    write_aot(tmp_path / "A", AOT_A, 385, MODEL_SRC)
+    write_aot(tmp_path / "B", AOT_A, 385, MODEL_SRC)  # left by an earlier commit
+    write_aot(tmp_path / "B", AOT_B, 391, "import os\n" + MODEL_SRC)
+    facts = {
+        "A": {"cache_dir": str(tmp_path / "A"), "cache_keys_full": [AOT_A]},
+        "B": {"cache_dir": str(tmp_path / "B"), "cache_keys_full": [AOT_B]},
+    }
+    change = cachekey.from_sides(facts)
+    assert (
+        change["parent_aot_key"] == AOT_A and change["aot_key"] == AOT_B and change["why"][0] == "minimax_m2.py changed"
+    )
+    facts["B"]["cache_keys_full"] = []  # nothing logged: no key is claimed for B
+    assert cachekey.from_sides({"A": facts["A"], "B": {"cache_dir": None}})["aot_differs_from_parent"] is None
+
+
+def test_saved_key_changes_are_kept_per_shape(tmp_path):
+    run = {"fingerprint": {"commit": "abc123"}}
+    for shape, moved in (("p128n128", 1), ("p512n256", 0)):
+        rec = {"shape": shape, "keys": [], "key_change": {"aot_differs_from_parent": moved, "line": shape}}
+        cachekey.save(rec, run, records_dir=tmp_path, machine="box")
+    got = cachekey.saved_changes("abc123", tmp_path)
+    assert {s: c["aot_differs_from_parent"] for s, c in got.items()} == {"p128n128": 1, "p512n256": 0}
+    assert cachekey.saved_changes("fff000", tmp_path) == {}

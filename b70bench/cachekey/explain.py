@@ -73,7 +73,20 @@ def _sources_diff(a: dict, b: dict) -> list[str]:
 
 def explain(a: dict, b: dict) -> tuple[list[str], list[str]]:
     """(factors that changed among env, config, code, compiler; report lines) between two described caches."""
-    lines, changed = [], []
+    changed, _why, lines = factors(a, b)
+    return changed, lines
+
+
+def _module_file(module: str) -> str:
+    """A traced module as people name it: vllm.model_executor.models.minimax_m2 -> minimax_m2.py."""
+    return module.rsplit(".", 1)[-1] + ".py"
+
+
+def factors(a: dict, b: dict) -> tuple[list[str], list[str], list[str]]:
+    """(factors that changed, a short phrase for each thing that moved, report lines) between two described
+    caches: the phrases are what a one-line key change names ("minimax_m2.py changed", "env VLLM_X"), the lines
+    what `cache-key explain` prints."""
+    lines, changed, why = [], [], []
     for kind in ("aot", "piecewise"):
         ka, kb = primary(a.get("keys", []), kind), primary(b.get("keys", []), kind)
         if ka or kb:
@@ -84,11 +97,14 @@ def explain(a: dict, b: dict) -> tuple[list[str], list[str]]:
         fwd_a, fwd_b = art_a["forward"], art_b["forward"]
         if fwd_a != fwd_b:
             changed.append("code")
+            why.append(f"{fwd_b['qualname']} moved from line {fwd_a['firstlineno']} to {fwd_b['firstlineno']}")
             lines.append(
                 f"code: forward {fwd_a['qualname']} line {fwd_a['firstlineno']} -> {fwd_b['qualname']} "
                 f"line {fwd_b['firstlineno']} (the AOT key hashes this qualname and line)"
             )
         src = _sources_diff(art_a["sources"], art_b["sources"])
+        # A traced file that changed is what a person names first ("minimax_m2.py changed"), before the line.
+        why[:0] = [f"{_module_file(s.split(':', 1)[0])} changed" for s in src]
         if src:
             if "code" not in changed:
                 changed.append("code")
@@ -97,17 +113,20 @@ def explain(a: dict, b: dict) -> tuple[list[str], list[str]]:
         comp = _dict_diff(art_a["compiler"], art_b["compiler"])
         if comp:
             changed.append("compiler")
+            why += [f"compiler {c.split(':', 1)[0]}" for c in comp]
             lines += [f"compiler: {c}" for c in comp]
     fa, fb = _first_factors(a), _first_factors(b)
     if fa and fb:
         env = _dict_diff(fa.get("env") or {}, fb.get("env") or {})
         if env:
             changed.append("env")
+            why += [f"env {e.split(':', 1)[0]}" for e in env]
             lines += [f"env: {e}" for e in env]
         for name, factor in (("config_hash", "config"), ("code_hash", "code"), ("compiler_hash", "compiler")):
             if fa.get(name) != fb.get(name):
                 if factor not in changed:
                     changed.append(factor)
+                    why.append(f"{factor} hash")
                 lines.append(f"{factor}: {name} {fa.get(name)} -> {fb.get(name)}")
     for name, factor in (("env_factors", "env"), ("config", "config")):
         if a.get(name) is not None and b.get(name) is not None and a[name] != b[name]:
@@ -118,6 +137,7 @@ def explain(a: dict, b: dict) -> tuple[list[str], list[str]]:
             )
             if factor not in changed:
                 changed.append(factor)
+            why += [f"{factor} {d.split(':', 1)[0]}" if isinstance(a[name], dict) else factor for d in diff]
             lines += [f"{factor}: {d}" for d in diff]
     if not changed:
         same = all(primary(a.get("keys", []), k) == primary(b.get("keys", []), k) for k in ("aot", "piecewise"))
@@ -130,7 +150,7 @@ def explain(a: dict, b: dict) -> tuple[list[str], list[str]]:
                 "on the CPU, where vLLM writes no cache_key_factors.json)"
             )
         )
-    return changed, lines
+    return changed, list(dict.fromkeys(why)), lines
 
 
 def _first_artifact(side: dict) -> dict | None:

@@ -102,7 +102,49 @@ def save(rec: dict, run: dict, *, records_dir=None, machine: str | None = None) 
     commit = (run.get("fingerprint") or {}).get("commit")
     if commit:
         out = Path(records_dir) if records_dir else default_records_dir()
-        records.write_json(out / (machine or platform.node()) / commit / "cachekey.json", [rec])
+        path = out / (machine or platform.node()) / commit / "cachekey.json"
+        # One record a shape: a walk of several shapes keeps each (the page reads the key change of each).
+        kept = [r for r in saved(path) if r.get("shape") != rec.get("shape")]
+        records.write_json(path, [rec, *kept])
+
+
+def saved(path: Path) -> list[dict]:
+    """The records a cachekey.json holds ([] where none is, or it is not b70bench's)."""
+    import json
+
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return []
+    got = data.get("records") if isinstance(data, dict) else data
+    return [r for r in got if isinstance(r, dict)] if isinstance(got, list) else []
+
+
+def saved_changes(commit: str, records_dir: Path | None = None) -> dict[str, dict]:
+    """shape -> the key change saved for `commit` by a paired walk on any machine under records_dir (the page's key
+    column: the walking machine's state directory holds what asv's figures cannot, the keys and the factor)."""
+    out = Path(records_dir) if records_dir else default_records_dir()
+    found: dict[str, dict] = {}
+    for path in sorted(out.glob(f"*/{commit}/cachekey.json")):
+        for rec in saved(path):
+            if rec.get("key_change") and rec.get("shape"):
+                found.setdefault(rec["shape"], rec["key_change"])
+    return found
+
+
+def described_keys(run: dict) -> list[dict]:
+    """The keys a run chose (its `cache_keys`, as vLLM logged them), described from its `cache_dir` where that still
+    holds them: a persistent cache directory also holds the keys of earlier commits, so the directory only adds
+    descriptions (traced files, factors) of the logged keys; with nothing logged the directory is all there is."""
+    keys = keys_from_paths(run.get("cache_keys") or [])
+    chosen = {k["key"] for k in keys}
+    if chosen and run.get("cache_dir") and Path(run["cache_dir"]).is_dir():
+        described = [k for k in find_keys(run["cache_dir"]) if k["key"] in chosen]
+        if {k["key"] for k in described} == chosen:
+            keys = described
+    elif not chosen and run.get("cache_dir") and Path(run["cache_dir"]).is_dir():
+        keys = find_keys(run["cache_dir"])
+    return keys
 
 
 def from_decode_record(
@@ -114,17 +156,7 @@ def from_decode_record(
     described from the run's cache directory where it still holds them.
     """
 
-    if not keys:
-        # What this run chose is what vLLM logged: a persistent cache directory also holds the keys
-        # of earlier commits. The directory only adds descriptions (traced files) of those keys.
-        keys = keys_from_paths(run.get("cache_keys") or [])
-        chosen = {k["key"] for k in keys}
-        if chosen and run.get("cache_dir") and Path(run["cache_dir"]).is_dir():
-            described = [k for k in find_keys(run["cache_dir"]) if k["key"] in chosen]
-            if {k["key"] for k in described} == chosen:
-                keys = described
-        elif not chosen and run.get("cache_dir") and Path(run["cache_dir"]).is_dir():
-            keys = find_keys(run["cache_dir"])  # nothing logged: the directory is all there is
+    keys = keys or described_keys(run)
     found = {"aot": primary(keys, "aot"), "piecewise": primary(keys, "piecewise")}
     pins_path = Path(pins_path) if pins_path else default_pins_path()
     ident = pin_id(machine, config_id(run))

@@ -14,7 +14,7 @@ import os
 import statistics
 from pathlib import Path
 
-from b70bench import patches, side_settings, sides
+from b70bench import cachekey, patches, side_settings, sides
 from b70bench.errors import UsageError
 from b70bench.paired import chain, report, stopping
 from b70bench.paired import placement as placements
@@ -272,6 +272,7 @@ def to_result(
     stack = stack or description.default()
     gates = report.paired_gates(good, gate.check(gate.stack_key(stack, backend), stack.gate_file))
     per_token = {s: [b.figure(s) / tokens for b in good if b.figure(s) is not None] for s in SIDES}
+    facts = {s: _side_facts(good, s, gates[s]) for s in SIDES}
     return {
         "shape": shape,
         "figure": "s_per_output_token",
@@ -282,6 +283,8 @@ def to_result(
         "median_b": statistics.median(per_token["B"]) if per_token["B"] else None,
         "block_s_per_output_token": per_token,
         "series": {s: str(d) for s, d in dirs.items()},
-        "sides": {s: _side_facts(good, s, gates[s]) for s in SIDES},
+        "sides": facts,
+        # B's compile-cache keys against A's (the parent's in a walk), read from these same engines.
+        "key_change": cachekey.from_sides(facts),
         "block_records": [b.to_json() for b in result.blocks],
     }

@@ -34,7 +34,7 @@ from pathlib import Path
 from b70bench import stats
 from b70bench.paired import placement as placements
 from b70bench.paired.blocks import Block, decide
-from b70bench.paired.stopping import ALTERNATE_FIRST_BLOCKS, MAX_LOOKS, Paired
+from b70bench.paired.stopping import ALTERNATE_FIRST_BLOCKS, BUDGET, DECIDED, FAILED, LOOKS, MAX_LOOKS, Paired
 
 WARM = -1  # pass_index of a commit's uncounted warm start
 # Where `revisions --design` tells the decode adapter the design's results are (result_path under it).
@@ -341,13 +341,15 @@ def measure(
             undecided = decision is None or decision.word == stats.UNDECIDED
             why = lost.get(p) or (reason if undecided else None)
             wall = sum(b.wall_s for b in blocks)
-            state[p] = Paired(blocks, ratio, decision, level, looks, wall, why, lost=p in lost)
+            stopped = FAILED if p in lost else BUDGET if undecided else DECIDED
+            state[p] = Paired(blocks, ratio, decision, level, looks, wall, why, lost=p in lost, stopped=stopped)
         open_pairs = [p for p in active if not state[p].lost and _undecided(state[p])]
         if not open_pairs or reason or looks >= max_looks:
             break
         want = 2 * len(pair_blocks(starts, keys[open_pairs[0]], keys[open_pairs[0] + 1]))
     for p in open_pairs:
         state[p].reason = state[p].reason or reason or f"{looks} looks taken, the most allowed"
+        state[p].stopped = BUDGET if reason else LOOKS
     return Design(keys, {keys[p + 1]: state[p] for p in pairs}, starts, passes, spent())
 
 

@@ -120,6 +120,7 @@ def verdict_fields(
         "minutes": result.minutes,
         "looks": result.looks,
         "reason": result.reason,
+        "stopped": result.stopped,
         "lost": result.lost,
         "block_ratios": [b.ratio() for b in good],
         "block_log_ses": block_ses(good),

@@ -139,6 +139,12 @@ class Rule:
 DEFAULT_RULE = Rule()
 
 
+# Why a measurement stopped, one word each (the page says it beside an undecided verdict, so a person can tell "too
+# noisy" from "too short"), and the code asv stores it under (a figure is a number).
+DECIDED, BUDGET, START_CAP, LOOKS, FAILED = "decided", "budget spent", "start cap", "looks spent", "failed blocks"
+STOPS = {DECIDED: 0, BUDGET: 1, START_CAP: 2, LOOKS: 3, FAILED: 4}
+
+
 @dataclass
 class Paired:
     """The blocks of one paired measurement and what they decided."""
@@ -151,6 +157,7 @@ class Paired:
     wall_s: float
     reason: str | None = None  # why it stopped undecided (budget spent, a side failed, ...)
     lost: bool = False  # ended by a failure, not by its budget or a decision: `reason` is the cause
+    stopped: str | None = None  # STOPS: why no further block was taken
 
     @property
     def good(self) -> list[Block]:
@@ -217,7 +224,7 @@ def measure(
     t0 = clock()
     blocks: list[Block] = []
     cap = max_blocks if max_blocks is not None else 10**9
-    target, looks, reason = min(first_blocks, cap), 0, None
+    target, looks, reason, stopped = min(first_blocks, cap), 0, None, None
     ratio = decision = None
     while True:
         while len(blocks) < target:
@@ -235,10 +242,10 @@ def measure(
                 # a walk records it as failed and measures the commit again when it resumes. A failed uncounted
                 # start loses nothing counted: the next block warms.
                 reason = f"block {b.index + 1} failed: {b.error}"
-                return Paired(blocks, None, None, per_look, looks, clock() - t0, reason, lost=True)
+                return Paired(blocks, None, None, per_look, looks, clock() - t0, reason, lost=True, stopped=FAILED)
             if b.error is not None and not ok and len(blocks) >= 2:
                 reason = f"every block failed; the last: {b.error}"
-                return Paired(blocks, None, None, per_look, looks, clock() - t0, reason, lost=True)
+                return Paired(blocks, None, None, per_look, looks, clock() - t0, reason, lost=True, stopped=FAILED)
             spent = clock() - t0
             # The blocks of the first look are the fewest a verdict is read from, so each starts whenever the budget
             # is not yet spent (the budget then runs over by one block at most), never cut short by a prediction:
@@ -249,29 +256,33 @@ def measure(
             over = spent >= budget_s if looks == 0 else spent + per_block > budget_s
             if over and len(blocks) < target:
                 reason = f"the budget ({budget_s / 60:.1f} min) ran out after {len(blocks)} blocks"
+                stopped = BUDGET
                 break
         looks += 1
         ratio, decision = decide(blocks, per_look, min_effect, floor)
         if decision is not None and decision.word != stats.UNDECIDED:
-            reason = None
+            reason, stopped = None, DECIDED
             break
         spent = clock() - t0
         per_block = blocks[-1].wall_s if blocks else 0.0
         room = int((budget_s - spent) // per_block) if per_block > 0 else 0
-        if len(blocks) >= cap:
-            reason = reason or f"the start budget ({2 * cap} counted starts) is spent"
+        if len(blocks) >= cap and not reason:
+            reason, stopped = f"the start budget ({2 * cap} counted starts) is spent", START_CAP
         if reason or looks >= max_looks or room < 1:
-            reason = reason or (
-                f"the budget ({budget_s / 60:.1f} min) allows no further block"
-                if room < 1
-                else f"{looks} looks taken (the most the level allows)"
-            )
+            if not reason:
+                reason, stopped = (
+                    (f"the budget ({budget_s / 60:.1f} min) allows no further block", BUDGET)
+                    if room < 1
+                    else (f"{looks} looks taken (the most the level allows)", LOOKS)
+                )
             break
         target = min(cap, len(blocks) + min(len(blocks), room))
     lost = ratio is None and not [b for b in blocks if b.error is None]
     if ratio is None and reason is None:
         reason = "fewer than two blocks completed"
-    return Paired(blocks, ratio, decision, per_look, looks, clock() - t0, reason, lost=lost)
+    if lost:
+        stopped = FAILED
+    return Paired(blocks, ratio, decision, per_look, looks, clock() - t0, reason, lost=lost, stopped=stopped)
 
 
 def measure_target(
