@@ -54,7 +54,11 @@ CALLS = "bench_decode.Decode.track_calls"
 RATIO_SE = "bench_decode.Decode.track_ratio_se_to_parent"
 GATE = "bench_decode.Decode.track_gate"
 PLACEMENT = "bench_decode.Decode.track_placement"
+KEY_PARENT = "bench_decode.Decode.track_aot_key_differs_from_parent"
+STOPPED = "bench_decode.Decode.track_stopped"
 UNITS = {
+    KEY_PARENT: "changed",
+    STOPPED: "stop",
     PLACEMENT: "placement",
     GATE: "fail",
     SECONDS: "seconds",
@@ -131,6 +135,7 @@ def project(
     withheld=None,
     placement=None,
     build_failed=None,
+    more=None,
 ):
     """Six commits, their result files (8 starts each at START_CV around `levels`), `asv publish`.
 
@@ -168,7 +173,7 @@ def project(
                 extra[RATIO_SE] = (stats.geomean(ses[0]), ses[0]) if isinstance(ses[0], list) else (ses[0], None)
             if placement is not None:
                 extra[PLACEMENT] = (float(placement), None)
-        extra = {**(extra or {}), GATE: (float(i == withheld), None)}
+        extra = {**(extra or {}), GATE: (float(i == withheld), None), **(more or {}).get(i, {})}
         if i == withheld:  # the gate failed: bench_decode withholds the speed (NaN, no samples)
             samples = [math.nan] * 8
             extra = {**extra, **{name: (math.nan, None) for name in (RATIO, RATIO_SE, MINUTES, CALLS) if paired}}
@@ -492,3 +497,49 @@ def test_a_failed_build_is_shown_as_such_with_its_command(tmp_path):
     note = page[page.index('id="b70bench-verdicts"') : page.index("</table></div>")]
     assert "<b>failed build</b>: <code>make -C csrc</code> exit 2; <code>work.c:3: error: x</code>" in note, note
     assert "slower" not in note
+
+
+def test_each_key_move_is_named_at_its_commit_beside_its_speed_verdict(tmp_path, monkeypatch):
+    """Two default-off branches, the second on top of the first (commits 2 and 4): the pin figure reads 1 from
+    commit 2 on, so the second move is no step there; against the parent each reads 1 at its own commit and both are
+    named, each row carrying the keys and the factor the walk saved. An undecided row shows its blocks and why the
+    measurement stopped; a decided one does not."""
+    from b70bench import cachekey
+
+    monkeypatch.setenv("B70BENCH_HOME", str(tmp_path / "state"))
+    rng = random.Random(5)
+    blocks = lambda centre, n, sd=BLOCK_SD: [centre * math.exp(rng.gauss(0, sd)) for _ in range(n)]  # noqa: E731
+    paired = {i: (blocks(NOOP, 8), 10.0, 40) for i in (1, 2, 3, 4)}
+    paired[5] = ([1.04, 0.97], 19.5, 40)
+    moved = {2: "minimax_m2.py changed (MiniMaxM2Model.forward moved from line 480 to 483)", 4: "second branch"}
+    more = {i: {KEY_PARENT: (float(i in moved), None), STOPPED: (0.0 if i < 5 else 1.0, None)} for i in range(1, 6)}
+    key = lambda i: ("4" if i >= 4 else "2" if i >= 2 else "a") * 64  # noqa: E731
+
+    def save_changes(commits):  # what the walk's adapter saves on the walking machine, per commit and shape
+        for i, c in enumerate(commits[1:], start=1):
+            change = {"parent_aot_key": key(i - 1), "aot_key": key(i), "aot_differs_from_parent": int(i in moved)}
+            change.update(why=[moved[i]] if i in moved else [], factors=["code"] if i in moved else [])
+            change["line"] = cachekey.change_line(change)
+            rec = {"shape": "p128n128b1", "keys": [], "key_change": change}
+            cachekey.save(rec, {"fingerprint": {"commit": c}}, machine="walker")
+
+    html, commits = project(tmp_path, [1.0] * 6, paired=paired, subjects=SUBJECTS, more=more)
+    save_changes(commits)
+    publish(tmp_path)
+    named = named_commits(html)
+    assert named.get(KEY_PARENT) == {commits[2], commits[4]}, named
+    assert named.get(KEY) == {commits[3]}, named  # the pin figure (1 from commit 3 on here) sees one step only
+    assert SECONDS not in named and STOPPED not in named, named
+    rows = {v["commit"]: v for v in json.loads((html / "b70bench-verdicts.json").read_text())["verdicts"]}
+    assert [rows[c]["key_changed"] for c in commits[1:]] == [0, 1, 0, 1, 0], rows
+    assert rows[commits[2]]["key_change"].startswith(f"AOT key {'a' * 12} -> {'2' * 12}: minimax_m2.py changed")
+    assert rows[commits[4]]["key_change"] == f"AOT key {'2' * 12} -> {'4' * 12}: second branch"
+    assert rows[commits[2]]["key_factors"] == ["code"] and rows[commits[4]]["aot_key"] == "4" * 64
+    assert rows[commits[5]]["verdict"] == stats.UNDECIDED and rows[commits[5]]["stopped"] == "budget spent"
+    assert rows[commits[5]]["block_ratios"] == [1.04, 0.97]
+    page = (html / "index.html").read_text()
+    note = page[page.index('id="b70bench-verdicts"') : page.index("</table></div>")]
+    assert "compile-cache key against the parent" in note
+    assert note.count("<b>moved</b>") == 2 and f"b70bench cache-key pin {commits[4][:8]}" in note, note
+    assert "blocks B/A: 1.040 0.970; stopped: budget spent" in note
+    assert note.count("blocks B/A:") == 1  # decided rows do not list their blocks

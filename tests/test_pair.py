@@ -598,6 +598,30 @@ def test_the_rule_takes_at_most_max_looks_looks():
         and "looks taken" in res.reason
         and len(res.blocks) == 3 * 2 ** (stopping.MAX_LOOKS - 1)
     )
+    assert res.stopped == stopping.LOOKS
+    # The same blocks, cut short: by the budget, by the start cap; blocks that agree stop decided.
+    short = stopping.measure(
+        run_one, budget_s=60.0 * 4, level=0.99, min_effect=0.05, floor=0.02, first_blocks=3,
+        out=lambda _l: None, clock=lambda: now[0],
+    )  # fmt: skip
+    assert short.stopped == stopping.BUDGET and short.decision.word == stats.UNDECIDED, short.reason
+    capped = stopping.measure(
+        run_one, budget_s=60.0 * 500, level=0.99, min_effect=0.05, floor=0.02, first_blocks=3, max_blocks=4,
+        out=lambda _l: None, clock=lambda: now[0],
+    )  # fmt: skip
+    assert capped.stopped == stopping.START_CAP and len(capped.blocks) == 4, capped.reason
+
+    def agree(i):
+        now[0] += 60.0
+        calls = [{"side": s, "round": r, "latency_s": 1.2 if s == "B" else 1.0, "probe_s": 1.0, "t_s": r}
+                 for r in range(16) for s in SIDES]  # fmt: skip
+        return Block(i, calls=calls, wall_s=60.0)
+
+    decided = stopping.measure(
+        agree, budget_s=60.0 * 500, level=0.99, min_effect=0.05, floor=0.02, first_blocks=3,
+        out=lambda _l: None, clock=lambda: now[0],
+    )  # fmt: skip
+    assert decided.stopped == stopping.DECIDED and decided.decision.word == stats.SLOWER
 
 
 def test_a_lost_counted_block_ends_the_measurement_and_a_lost_warm_start_does_not():
@@ -622,6 +646,7 @@ def test_a_lost_counted_block_ends_the_measurement_and_a_lost_warm_start_does_no
     lost = run(2, warm=False)
     assert lost.lost and lost.decision is None and ran == [0, 1, 2], (lost.reason, ran)
     assert lost.reason == "block 3 failed: side B: Worker proc VllmWorker-1 died unexpectedly (exit code: -9)"
+    assert lost.stopped == stopping.FAILED
     ran.clear()
     warmed = run(0, warm=True)
     assert not warmed.lost and warmed.decision.word == stats.SLOWER and len(warmed.blocks) > 1, warmed.text()
