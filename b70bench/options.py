@@ -35,3 +35,23 @@ def add_json_arg(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="also write the records and the fingerprint to FILE ('-' for stdout only)",
     )
+
+
+def interpreter(path: str | None) -> str:
+    """--python as given (relative to where the command was typed, as people type it) made absolute, since the
+    walk runs asv and the benchmarks from other directories; sys.executable when not given. Not resolved: a virtual
+    environment's python is a link whose target is another environment's. A path that is no interpreter is a
+    UsageError naming the fix."""
+    import os
+    import sys
+
+    from b70bench.errors import UsageError
+
+    if not path:
+        return sys.executable
+    full = os.path.abspath(os.path.expanduser(path))
+    if not (os.path.isfile(full) and os.access(full, os.X_OK)):
+        raise UsageError(
+            f"--python {path}: no interpreter at {full}; give the environment's python, e.g. --python .venv/bin/python"
+        )
+    return full

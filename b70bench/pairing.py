@@ -9,12 +9,11 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from b70bench import cachekey, device, patches, sides, stats
+from b70bench import cachekey, device, options, patches, sides, stats
 from b70bench import side_settings as side_flags
 from b70bench.decode import pair
 from b70bench.errors import UsageError
@@ -174,7 +173,7 @@ class Prepared:
 def prepare(args) -> Prepared:
     """The checked options (defaults filled in args) and what they resolve to; bad input refused in one line before
     anything is built or started."""
-    python = args.python or sys.executable
+    python = args.python = options.interpreter(args.python)
     prefix = Path(args.prefix) if args.prefix else patches.env_prefix(python)
     env = patches.Env(prefix, (args.site_dir,) if args.site_dir else None)
     if args.suite == "serve":

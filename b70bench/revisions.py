@@ -20,7 +20,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from b70bench import children, figures, patches, side_settings, state, walkdesign, walklog
+from b70bench import children, figures, options, patches, side_settings, state, walkdesign, walklog
 from b70bench.decode import pair as decode_pair
 from b70bench.errors import UsageError
 from b70bench.history import commits_in, export_patches, git
@@ -429,7 +429,7 @@ def restored(row: dict) -> str:
 
 
 def run(args) -> int:
-    python = args.python or sys.executable
+    python = options.interpreter(args.python)
     walker = Walker(python, Path(args.repo).resolve(), args.site_dir, args.prefix)
     if args.restore:
         done = walker.restore()

@@ -10,6 +10,7 @@ import sys
 import sysconfig
 from pathlib import Path
 
+from b70bench import options
 from b70bench.errors import UsageError
 from b70bench.patches import overlay, trees
 from b70bench.patches.installed import Env
@@ -35,6 +36,7 @@ def _reexec(args, argv: list[str]) -> int:
 
 def run(args) -> int:
     if args.python:
+        args.python = options.interpreter(args.python)
         argv = [args.action] + (["--dir", args.dir] if args.dir else [])
         argv += ["--allow-missing"] if args.allow_missing else []
         argv += ["--full"] if getattr(args, "full", False) else []
