@@ -50,7 +50,7 @@ from b70bench.figures import (
     measured_samples,
     paired_figures,
 )
-from b70bench.paired import placement, stopping
+from b70bench.paired import placement, report, stopping
 
 NOTE_ID = "b70bench-verdicts"
 FEED = "b70bench-verdicts.xml"
@@ -120,6 +120,10 @@ def _around(v: verdicts.Verdict, seconds: dict) -> tuple[float, float]:
         return before, before * r
     return 1.0, r
 
+
+# A commit whose tokens differ from its parent's and whose walk was told so (`revisions --numerics-intended`): its
+# speed is read, and its row says why it was not withheld.
+INTENDED_NOTE = "numerics change declared intended: its tokens differ from the parent's, its speed is read"
 
 # The paired measurement's stop as stored (paired.stopping.STOPS), back to its words.
 STOPPED = {code: word for word, code in stopping.STOPS.items()}
@@ -276,6 +280,7 @@ class Verdicts(OutputPublisher):
                 paired = ratios.get(tuple(combo)) or ratios.get((), {})
                 paired_ses = (ses.get(tuple(combo)) or ses.get((), {})) if paired else {}
                 failed = {c for c, (_s, v) in gate.get(tuple(combo), {}).items() if v == 1}
+                intended = {c for c, (_s, v) in gate.get(tuple(combo), {}).items() if v == report.INTENDED}
                 extra = {c: _extra(minutes, calls, tuple(combo), c) for c in {*paired, *mine, *failed}}
                 # A paired suite's commit whose gate failed has no samples at all (its speed withheld): where no
                 # commit has a figure to decide, the page still says why that one has none.
@@ -316,6 +321,8 @@ class Verdicts(OutputPublisher):
                     v.machine = graph.params.get("machine")
                     v.stopped = STOPPED.get(_single(stopped, tuple(combo), v.commit))
                     v.key_change = _key_change(key, tuple(combo), v.commit, changes)
+                    if v.commit in intended:
+                        v.notes.append(INTENDED_NOTE)
                 rows += [(name, graph_params, idx, v) for v in decided_here]
                 if jumps:
                     levels = {c: x for c, (s, val) in mine.items() if (x := _level(s, val)) is not None}
@@ -388,6 +395,7 @@ def _row_json(name: str, params: dict, v: verdicts.Verdict) -> dict:
         "before": v.before,
         "after": v.after,
         "block_ratios": list(v.blocks),
+        "notes": list(v.notes),
         "stopped": v.stopped,
         "key_changed": (v.key_change or {}).get("aot_differs_from_parent"),
         "key_change": (v.key_change or {}).get("line"),
@@ -495,7 +503,8 @@ def _write_note(
         body.append(
             f"<tr><td>{html.escape(name)}</td><td><code>{v.commit[:hash_length]}</code> "
             f"{html.escape(v.subject or '-')}</td><td>{_against(v, hash_length)}</td><td>{figures}</td>"
-            f"<td><b>{html.escape(v.text)}</b></td><td>{_samples(v, name)}{_why_stopped(v)}</td><td>{minutes}</td>"
+            f"<td><b>{html.escape(v.text)}</b>{''.join(f'<br>{html.escape(n)}' for n in v.notes)}</td>"
+            f"<td>{_samples(v, name)}{_why_stopped(v)}</td><td>{minutes}</td>"
             f"<td>{_key_cell(v, hash_length)}</td><td>{html.escape(v.machine or '-')}</td></tr>"
         )
     body += [_failed_build_row(row, hash_length) for row in failed or []]

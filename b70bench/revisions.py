@@ -20,11 +20,11 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from b70bench import children, figures, options, patches, side_settings, state, walkdesign, walklog
+from b70bench import cachekey, children, figures, options, patches, side_settings, state, walkdesign, walklog
 from b70bench.decode import pair as decode_pair
 from b70bench.errors import UsageError
 from b70bench.history import commits_in, export_patches, git
-from b70bench.paired import chain, stopping
+from b70bench.paired import chain, report, stopping
 from b70bench.paired import placement as placements
 from b70bench.paired.blocks import SIDES
 from b70bench.serve import suite as serve_suite
@@ -272,6 +272,9 @@ def walk(
                     out(f"  measurement failed: {row['error']}")
                 else:
                     row["outcome"] = walklog.MEASURED
+                    # The adapters saved each shape's key against the parent's: the same line compare prints.
+                    for shape, change in sorted(cachekey.saved_changes(commit).items()):
+                        out(f"  {shape}: compile-cache key: {cachekey.change_line(change)}")
                 record.add(row)
             finally:
                 back = walker.restore(token)
@@ -458,6 +461,11 @@ def run(args) -> int:
     if args.design:  # its verdicts come from another design: a commit walked per pair is not finished for it
         walkdesign.check_placement(placements.choose(placements.AUTO, stack.resolved_backend(), stack)[0])
         inputs["design"] = True
+    if args.numerics_intended:
+        # Full hashes (a name a person typed, checked here): the adapters match the commit asv walks against them.
+        named = [git(walker.repo, "rev-parse", "--verify", f"{c}^{{commit}}") for c in args.numerics_intended]
+        os.environ[report.INTENDED_ENV] = ",".join(named)
+        inputs["numerics_intended"] = named
     settings_text = side_settings.to_env(settings)
     if settings_text:
         os.environ[side_settings.ENV_VAR] = settings_text  # the asv adapters read it in asv's processes
@@ -523,6 +531,14 @@ def register(sub) -> None:
     p.add_argument("--restore", action="store_true", help="only restore the environment (after an interrupted walk)")
     # Sides that differ by settings: each commit measured with B's against itself with A's (a flag swept).
     side_settings.add_flags(p)
+    p.add_argument(
+        "--numerics-intended",
+        nargs="+",
+        default=[],
+        metavar="COMMIT",
+        help="commits whose numerics change on purpose (checked by your own canaries): where their tokens differ from "
+        "the parent's, their speed is read and marked on the page instead of withheld",
+    )
     p.add_argument(
         "--shard",
         metavar="K/N",

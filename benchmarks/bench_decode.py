@@ -28,7 +28,7 @@ from b70bench.decode import pair
 from b70bench.decode import suite as decode_suite
 from b70bench.errors import UsageError
 from b70bench.fingerprint import fingerprint
-from b70bench.paired import stopping
+from b70bench.paired import report, stopping
 from b70bench.stack import description, shapes
 from b70bench.stack import model as decode_model
 
@@ -104,6 +104,8 @@ def _paired_summary(shape: str, dev, stack) -> dict:
         stack=stack,
     )
     lost_if_failed(res, f"decode {shape}")
+    if report.intended_here(commit):
+        report.declare_intended(res)
     b = res["sides"]["B"]
     per_block = res["block_s_per_output_token"]["B"]
     first = next(iter(res["block_records"]), {})
@@ -215,7 +217,8 @@ class Decode(_PairedFigures):
     track_kv_cache_tokens.unit = "tokens"
 
     def track_gate(self, cache, shape, stack=None):
-        """0 pass, 1 fail (also a failed run); NaN while no hash is pinned for this stack."""
+        """0 pass, 1 fail (also a failed run: speed withheld), 2 tokens differ from the parent's as the walk was told
+        they would (revisions --numerics-intended: speed read, marked); NaN while no hash is pinned for this stack."""
         return value(cache[shape], "gate")
 
     track_gate.unit = "fail"

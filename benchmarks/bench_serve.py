@@ -21,7 +21,7 @@ measures separate starts instead, as above. B70BENCH_STACK names the stack file 
 import os
 
 from b70bench import serve, sides
-from b70bench.paired import stopping
+from b70bench.paired import report, stopping
 from b70bench.serve import cli as serve_cli
 from b70bench.serve import pair as serve_pair
 from b70bench.serve import suite as serve_suite
@@ -88,6 +88,8 @@ def _paired_level(concurrency: int, backend: str, stack) -> dict:
         stack=stack,
     )
     lost_if_failed(res, f"serve c={concurrency}")
+    if report.intended_here(commit):
+        report.declare_intended(res)
     withheld = res["sides"]["B"]["gate"] == 1
     also = {} if withheld else res.get("also") or {}
     return {

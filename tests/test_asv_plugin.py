@@ -18,13 +18,14 @@ import random
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
+from html import escape as html_escape
 from pathlib import Path
 
 import pytest
 from gitrepo import git
 from test_verdicts import START_CV
 
-from b70bench import stats, verdicts, walklog
+from b70bench import asv_plugin, stats, verdicts, walklog
 from b70bench.paired import placement
 
 COLS = [
@@ -543,3 +544,18 @@ def test_each_key_move_is_named_at_its_commit_beside_its_speed_verdict(tmp_path,
     assert note.count("<b>moved</b>") == 2 and f"b70bench cache-key pin {commits[4][:8]}" in note, note
     assert "blocks B/A: 1.040 0.970; stopped: budget spent" in note
     assert note.count("blocks B/A:") == 1  # decided rows do not list their blocks
+
+
+def test_a_declared_numerics_change_has_its_speed_read_and_marked(tmp_path):
+    """Commit 3's tokens differ from its parent's and the walk was told that is intended (gate 2): its 8% slowdown
+    is named, with the note; commit 4's gate failed undeclared (gate 1): its speed is withheld."""
+    rng = random.Random(6)
+    blocks = lambda centre, n, sd=BLOCK_SD: [centre * math.exp(rng.gauss(0, sd)) for _ in range(n)]  # noqa: E731
+    paired = {1: (blocks(NOOP, 8), 10.0, 40), 2: (blocks(NOOP, 8), 10.0, 40), 3: (blocks(SLOW, 8), 10.0, 40)}
+    html, commits = project(tmp_path, [1.0] * 6, paired=paired, withheld=4, more={3: {GATE: (2.0, None)}})
+    rows = {v["commit"]: v for v in json.loads((html / "b70bench-verdicts.json").read_text())["verdicts"]}
+    assert rows[commits[3]]["verdict"] == stats.SLOWER and rows[commits[3]]["notes"] == [asv_plugin.INTENDED_NOTE]
+    assert rows[commits[4]]["text"] == f"{stats.UNDECIDED}: {verdicts.WITHHELD}" and not rows[commits[4]]["notes"]
+    assert named_commits(html).get(SECONDS) == {commits[3]}
+    page = (html / "index.html").read_text()
+    assert html_escape(asv_plugin.INTENDED_NOTE) in page

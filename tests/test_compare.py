@@ -287,3 +287,26 @@ def test_a_start_out_of_memory_fails_its_block_and_the_next_start_runs(env, tmp_
     assert res["verdict"] == stats.SLOWER and res["blocks"] >= 2, res["text"]
     pids = [x.get("pid") for b in recs for x in (*b["starts"].values(), *b["warm_starts"].values())]
     assert not any(children.group_members(p) for p in pids if p)
+
+
+def test_a_declared_numerics_change_reads_bs_speed_and_says_so():
+    """compare --numerics-intended: B's failed gate becomes 'tokens differ', its verdict is printed beside it; the
+    walk's adapters do the same for the commits revisions was told of (by full hash or a prefix of it)."""
+    from b70bench import pairing
+    from b70bench.paired import report
+
+    res = {
+        "shape": "p128n128", "median_a": 1e-3, "median_b": 1.1e-3, "ratio": 1.1, "lo": 1.05, "hi": 1.15,
+        "text": "slower", "blocks": 4, "starts": 8, "calls_per_side": 96, "minutes": 4.0, "looks": 1, "level": 0.9875,
+        "sides": {"A": {"gate": 0, "cache_keys": []},
+                  "B": {"gate": 1, "gate_reason": "tokens differ from A's on the gate's prompts", "cache_keys": []}},
+    }  # fmt: skip
+    withheld = "\n".join(pairing.format_result(res, {"A": "a", "B": "b"}))
+    assert "B's speed withheld: tokens differ from A's" in withheld and "slower" not in withheld.splitlines()[1]
+    report.declare_intended(res)
+    said = "\n".join(pairing.format_result(res, {"A": "a", "B": "b"}))
+    assert "slower; B's tokens differ from A's on the gate's prompts (declared intended: speed read)" in said, said
+    assert "gate tokens differ" in said
+    assert report.intended_here("abc123ff", {report.INTENDED_ENV: "0000,abc123"})
+    assert not report.intended_here("abc124ff", {report.INTENDED_ENV: "0000,abc123"})
+    assert not report.intended_here("abc123ff", {})

@@ -10,6 +10,29 @@ from b70bench.paired.stopping import Paired
 
 # What a target's pin says of one start's token hash: 0 equal to the pin, 1 different, None nothing pinned.
 PinCheck = Callable[[str], "int | None"]
+# A side's gate beyond 0 (pass), 1 (fail: speed withheld) and None (nothing pinned): its tokens differ, and the user
+# declared that numerics change intended (a kernel with other rounding, checked by the lab's own canaries): its speed
+# is read, and every report says so beside it.
+INTENDED = 2
+# The commits a walk was told change their numerics on purpose (`revisions --numerics-intended`), for its adapters.
+INTENDED_ENV = "B70BENCH_NUMERICS_INTENDED"
+
+
+def declare_intended(res: dict) -> dict:
+    """B's failed gate read as a declared numerics change (INTENDED): its speed is read, never silently."""
+    b = (res.get("sides") or {}).get("B") or {}
+    if b.get("gate") == 1:
+        b["gate"] = INTENDED
+        b["gate_reason"] = f"{b.get('gate_reason') or 'tokens differ'} (declared intended: speed read)"
+    return res
+
+
+def intended_here(commit: str | None, environ=None) -> bool:
+    """Whether the walked commit is one the walk was told changes its numerics on purpose (INTENDED_ENV)."""
+    import os
+
+    named = ((environ if environ is not None else os.environ).get(INTENDED_ENV) or "").split(",")
+    return bool(commit) and any(c and commit.startswith(c) for c in named)
 
 
 def side_gate(blocks: list[Block], side: str, pin: PinCheck) -> tuple[list[str], int | None]:
