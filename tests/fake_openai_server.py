@@ -2,9 +2,9 @@
 
 `python -m fake_openai_server --port N [--host H] [--token-s S] [--fail-start MSG] [--never-healthy]
 [--stall FIRST-LAST] [--drop FIRST-LAST] [--slow-if-patched]`: each request streams max_tokens events, one token
-each, S seconds apart (default 0.01), then [DONE]; requests FIRST..LAST (counted from 1 in arrival order) wait 5 s
-before each token instead (--stall), or have their connection closed without an answer (--drop: a kept-alive
-connection the server closes as the client reuses it).
+each, S seconds apart (default 0.01), then a usage chunk if the request asks for one (stream_options), then [DONE];
+requests FIRST..LAST (counted from 1 in arrival order) wait 5 s before each token instead (--stall), or have their
+connection closed without an answer (--drop: a kept-alive connection the server closes as the client reuses it).
 --slow-if-patched: 1.1 x S when the fake vLLM this server imports (tests/fakedist) carries the test patch.
 """
 
@@ -58,6 +58,10 @@ def main(argv):
 
         def do_POST(self):
             req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            if self.path != "/v1/completions":  # e.g. vllm bench serve's /tokenize probe: not served here
+                self.send_response(404)
+                self.end_headers()
+                return
             with lock:
                 count[0] += 1
                 gap = 5.0 if stall_first <= count[0] <= stall_last else args.token_s
@@ -73,6 +77,13 @@ def main(argv):
                 event = {"choices": [{"index": 0, "text": "", "token_ids": [i]}]}
                 self.wfile.write(f"data: {json.dumps(event)}\n\n".encode())
                 self.wfile.flush()
+            if (req.get("stream_options") or {}).get("include_usage"):
+                # As vLLM's server does when asked: a last chunk with no choices, the token counts (vllm bench
+                # serve counts output tokens from it).
+                prompt = req.get("prompt")
+                usage = {"prompt_tokens": len(prompt) if isinstance(prompt, list) else None}
+                usage["completion_tokens"] = req["max_tokens"]
+                self.wfile.write(f"data: {json.dumps({'choices': [], 'usage': usage})}\n\n".encode())
             self.wfile.write(b"data: [DONE]\n\n")
 
     ThreadingHTTPServer((args.host, args.port), Handler).serve_forever()

@@ -17,6 +17,9 @@ _KV = re.compile(
     r"\b(\w+) KV cache size: ([\d,]+) tokens(?:, Maximum concurrency for ([\d,]+) tokens per "
     r"request: ([\d.]+)x)?"
 )
+# vLLM 0.20.1 logs the KV-cache size ("GPU KV cache size: N tokens", GPU whatever the device) and the
+# concurrency as two lines (v1/core/kv_cache_utils.py); 0.32 joins them and names the platform.
+_CONCURRENCY = re.compile(r"^Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x")
 _AOT_SAVED = re.compile(r"saved AOT compiled function to (\S+)")
 _AOT_LOADED = re.compile(r"Directly load AOT compilation from path (\S+)")
 _AOT_AGAIN = re.compile(r"Compiling model again due to a load failure from (\S+), reason: (.*)$")
@@ -95,6 +98,8 @@ def parse(text: str) -> dict:
             out["kv_cache_tokens"] = int(m.group(2).replace(",", ""))
             if m.group(4):
                 out["max_concurrency"] = float(m.group(4))
+        elif m := _CONCURRENCY.match(line):
+            out["max_concurrency"] = float(m.group(2))
         for pattern, event in ((_AOT_SAVED, "saved"), (_AOT_LOADED, "loaded"), (_CACHE_DIR, "cache-dir")):
             if m := pattern.search(line):
                 _add_event(out, event, m.group(1))
