@@ -1,15 +1,17 @@
 """`b70bench stack`: show what a stack file says and whether its gate is pinned; write the embedded model to a
-directory (a model directory like any other: config, safetensors, tokenizer files) for a stack to name by path."""
+directory (a model directory like any other: config, safetensors, tokenizer files) for a stack to name by path; write
+the MiniMax M2.7 INT4 stand-in (standin.py) and its stack."""
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
 from b70bench import device
 from b70bench.errors import UsageError
 from b70bench.fingerprint import dist_version
-from b70bench.stack import description, gate
+from b70bench.stack import description, gate, shapes, standin
 from b70bench.stack import model as modelmod
 from b70bench.stack import tokenizer as tokmod
 
@@ -73,6 +75,27 @@ def write_model(args) -> int:
     return 0
 
 
+def write_standin(args) -> int:
+    """The stand-in's directory and, with --stack, its stack file (the model named relative to the file)."""
+    cfg = standin.config(args.layers)
+    shapes.parse_shape(args.shape)
+    stack_path = Path(args.stack).expanduser() if args.stack else None
+    if stack_path is not None and stack_path.exists():
+        raise UsageError(f"{stack_path} exists: name a new stack file (its gate pins would be someone else's)")
+    dest = standin.write(args.dir, cfg, args.seed)
+    print(
+        f"wrote the MiniMax M2.7 INT4 stand-in ({args.layers} layers, ~{standin.approx_weight_gib(cfg):.1f} GiB of "
+        f"weights drawn at load, seed {args.seed}) to {dest}"
+    )
+    if stack_path is not None:
+        model = os.path.relpath(dest.resolve(), stack_path.resolve().parent)
+        model = model if model.startswith((".", "/")) else "./" + model
+        stack_path.parent.mkdir(parents=True, exist_ok=True)
+        stack_path.write_text(standin.stack_text(model, stack_path.stem, args.shape))
+        print(f"wrote its stack to {stack_path} (load format {standin.LOAD_FORMAT}, shape {args.shape})")
+    return 0
+
+
 def register(sub) -> None:
     from b70bench.options import add_device_args
 
@@ -93,3 +116,19 @@ def register(sub) -> None:
         "starts cost what a rig's do",
     )
     w.set_defaults(func=write_model)
+    si = ssub.add_parser(
+        "write-standin",
+        help="write a config-only MiniMax M2.7 INT4 stand-in (weights seeded on the device at load) and its stack",
+    )
+    si.add_argument("dir", help="a new directory")
+    si.add_argument(
+        "--layers",
+        type=int,
+        default=standin.DEFAULT_LAYERS,
+        help=f"layers of M2.7's {standin.MAX_LAYERS} (default {standin.DEFAULT_LAYERS}: fits an H100 80GB; "
+        f"{standin.MAX_LAYERS} needs an H200)",
+    )
+    si.add_argument("--seed", type=int, default=standin.SEED, help=f"the weights' seed (default {standin.SEED})")
+    si.add_argument("--stack", default=None, help="also write a cuda stack file for it here (a new file)")
+    si.add_argument("--shape", default="p512n256", help="the stack's decode shape (default p512n256)")
+    si.set_defaults(func=write_standin)

@@ -15,7 +15,7 @@ import os
 from b70bench import children
 from b70bench.errors import UsageError
 from b70bench.fingerprint import dist_version
-from b70bench.stack import environment
+from b70bench.stack import environment, seeded_loader
 
 ENGINE, SERVER = "engine", "server"
 ROLES = (ENGINE, SERVER)
@@ -74,7 +74,8 @@ def run_env(
 ) -> dict:
     """What every start of one run shares, in this order: the caller's environment (default: this process's), the
     stack's (its env file and table, what it unsets, the devices it names; `stack` may be None), `extra` (the CLI's
-    --env and --env-file), then on the CPU where none of those set them:
+    --env and --env-file), first on PYTHONPATH the plug-in that registers b70bench's seeded load format where the
+    stack names it (seeded_loader), then on the CPU where none of those set them:
     - the paired engines' settings (a fixed KV cache, OpenMP threads that sleep between steps) for paired engines
       and for every server, which is measured beside another as often as alone;
     - paired engines at TP 1: the cores they are pinned to and one OpenMP thread a core (with TP each rank is a
@@ -87,6 +88,11 @@ def run_env(
     if stack is not None:
         env = stack.process_env(env, backend)
     env.update(extra or {})
+    if stack is not None and seeded_loader.wanted(stack.engine_args_full()):
+        # vLLM looks a load format up in the process that loads the weights (the engine core or a worker, started by
+        # vLLM): only a general plugin reaches every one of them.
+        plugins = str(seeded_loader.plugin_directory())
+        env["PYTHONPATH"] = os.pathsep.join([plugins] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     if backend == "cpu" and (paired or role == SERVER):
         for k, v in environment.PAIRED_CPU_ENGINE_ENV.items():
             env.setdefault(k, v)

@@ -17,12 +17,18 @@
 #   numerics    `compare base numerics`: other tokens, the same work (B's gate fails, nothing pinned)
 #   plan        `compare base flagged --b-env FLAG=1 --plan`: what the measurement will cost, before it runs
 #   serve       `serve --stack` at 1 and 4 requests, beside `vllm bench serve`
+#   standin     the MiniMax M2.7 INT4 stand-in (LAYERS layers, 30; docs/standin.md) written with its stack, then
+#               `decode --stack` one shape (SHAPE, p512n256) once cold and once warm with --accept-gate
+#   standin-profile  the device's busy time a decode token against the wall time a token, the engine in the
+#               profiling process (scripts/device/standin_profile.py, SHAPE_PROFILE p512n64), its own compile cache
 # Environment: PARTS (the folder of the parts and parts.json; setup needs it until SITE holds vLLM), EXTRA (more
 # wheels for SITE), WORK (models, stacks, series, caches, logs in WORK/logs; default results/vllm-gpu/work), SITE
 # (WORK/site), OUT (results/vllm-gpu: one .tgz a call of every log and JSON it wrote), PYTHON (python3), CMP (alt or
 # together: the stack of the flag, numerics and plan stages; alt), ARGS (more compare options for flag and numerics,
 # e.g. --max-starts 4), BUDGET (compare minutes, 4), REPS and SIZE (the graph series' work, 8 and 64; WORK_MS
-# instead of REPS: as many SIZE x SIZE products as take about that many GPU milliseconds a step, timed here first).
+# instead of REPS: as many SIZE x SIZE products as take about that many GPU milliseconds a step, timed here first),
+# LAYERS, SHAPE and SHAPE_PROFILE (the stand-in's layers, its decode shape and its profiled shape: 30, p512n256,
+# p512n64).
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$ROOT" || exit 1
@@ -36,6 +42,8 @@ export B70BENCH_COMMIT=${B70BENCH_COMMIT:-$(git rev-parse --short HEAD 2>/dev/nu
 B="$PY -m b70bench"
 ALT=$WORK/alt.toml; TOG=$WORK/together.toml; S=$WORK/series
 CMP=$WORK/${CMP:-alt}.toml  # the stack of the flag, numerics and plan stages: alt (one engine at a time) or together
+
+LAYERS=${LAYERS:-30}; SI=$WORK/standin-$LAYERS.toml  # the stand-in's stack; its model: $WORK/standin-$LAYERS
 
 stage() {  # NAME LIMIT_S COMMAND...: one logged, time-limited step
   local name=$1 limit=$2; shift 2
@@ -101,6 +109,12 @@ PYEOF
   $B stack show "$ALT"; $B stack show "$TOG"
 }
 
+standin_write() {  # the stand-in and its stack, once per layer count (weights are drawn at each load, not here)
+  [[ -f $SI ]] || $B stack write-standin "$WORK/standin-$LAYERS" --layers "$LAYERS" --stack "$SI" \
+    --shape "${SHAPE:-p512n256}" || return 1
+  $B stack show "$SI"
+}
+
 touch "$WORK/.call"
 for st in "$@"; do
   case $st in
@@ -138,8 +152,17 @@ for st in "$@"; do
           --plan ;;
     serve) stage serve 590 $B serve --stack "$ALT" --concurrency 1 4 --anchor-rounds 2 --json "$LOGS/serve.json" \
           --pytorch-json "$LOGS/serve.pytorch.json" --out-dir "$WORK/serve" ;;
+    standin)
+      standin_write > "$LOGS/standin-write.log" 2>&1 || { cat "$LOGS/standin-write.log"; continue; }
+      # The default runs: one cold start (an empty compile cache), then one warm; the pin needs both to agree.
+      stage standin-decode 540 $B decode --stack "$SI" --shapes "${SHAPE:-p512n256}" --runs 1 --iterations 5 \
+        --accept-gate --json "$LOGS/standin-decode.json" --out-dir "$WORK/standin-decode" ;;
+    standin-profile)
+      standin_write > "$LOGS/standin-write.log" 2>&1 || { cat "$LOGS/standin-write.log"; continue; }
+      stage standin-profile 540 env VLLM_CACHE_ROOT="$WORK/standin-profile-cache" $PY scripts/device/standin_profile.py \
+        "$SI" --shape "${SHAPE_PROFILE:-p512n64}" --json "$LOGS/standin-profile.json" ;;
     *) echo "unknown stage $st (setup decode cachekey kernels aa slow together branch flag flag-on flag-off numerics" \
-         "plan serve)"
+         "plan serve standin standin-profile)"
        exit 2 ;;
   esac
 done
