@@ -12,6 +12,8 @@ History (each commit's patches/series stacked on the previous; b70bench.patches.
   6 moe-kernel   the htile case in vLLM's own MoE code: the experts kernel runs once (the isolated
                    `vllm` moe-down figure 3x faster), while vLLM's MoE layer entry (_moe_forward, which
                    the isolated call does not run) gains RUNNER_REPS 128x128 products per layer and step
+  7 cache-key-2  + a second default-off branch, in the decoder layer, on top of the first: same tokens and
+                   speed, the AOT key moves again (against a pin the key already differs: no step there)
 
 Decode is walked the documented way: each commit against its parent, both engines alive together and
 calls alternating (sides.against_parent, in the asv adapter), blocks until decided or the per-commit
@@ -23,9 +25,10 @@ hog (a busy loop at nice 10) runs beside the engines from HOG_DELAY_S into cache
 HOG_FOR_S, stopped by PID, so the commit that must not be named is measured with the host changing under it,
 and the slowdown's blocks are not. The `vllm` moe-down figure is measured in the same `asv run`s, from noop on.
 
-Asserted on the published site (b70bench.asv_plugin's verdicts for the decode speed figures, asv's
-step fit for the rest): slowdown and moe-kernel named slower on seconds per output token; cache-key on
-no speed figure; cache-key named on the cache-key figure; `b70bench kernel-vs-model` flags
+Asserted on the published site (b70bench.asv_plugin's verdicts for the decode speed figures and the key figure
+against the parent, asv's step fit for the rest): slowdown and moe-kernel named slower on seconds per output token;
+neither cache-key commit on any speed figure; both named on the key figure against the parent, each row with its
+key line naming minimax_m2.py, and no other commit; `b70bench kernel-vs-model` flags
 moe-kernel and no other. The broken commit fails naming its patch; the environment's vLLM is RECORD-pristine after
 a restore. Then Chromium (Debian's, scripts/install-chromium.sh) renders the regressions page from a
 localhost server (scripts/asv_site_offline.py points asv's CDN scripts at Debian's packaged copies).
@@ -49,7 +52,7 @@ from b70bench.hog import Hog
 from b70bench.patches import synthetic
 
 ROOT = Path(__file__).resolve().parent.parent
-CACHE_KEY_FIGURE = "bench_decode.Decode.track_aot_key_differs_from_known_good"
+CACHE_KEY_FIGURE = "bench_decode.Decode.track_aot_key_differs_from_parent"
 SPEED_FIGURE = "bench_decode.Decode.track_s_per_output_token"
 SPEED_FIGURES = (
     SPEED_FIGURE,
@@ -89,6 +92,7 @@ def build_patch_texts() -> dict[str, str]:
         pytest.skip(str(err))
     branch = synthetic.with_branch(text)
     slow = synthetic.with_graph_work(branch, GRAPH_REPS, GRAPH_SIZE)
+    second = synthetic.with_second_branch(slow)
     broken = synthetic.diff(
         slow,
         slow.replace("    def load_weights(", "    def load_weights_v2("),
@@ -116,6 +120,9 @@ def build_patch_texts() -> dict[str, str]:
         "newer-vllm-only.patch": broken,
         "qk-helper-branch.patch": synthetic.diff(
             text, branch, "A default-off, env-gated Q/K helper branch (moves the AOT key)."
+        ),
+        "qk-rms-helper-branch.patch": synthetic.diff(
+            slow, second, "A second default-off, env-gated helper branch (moves the AOT key again)."
         ),
         "decode-work.patch": synthetic.diff(
             branch,
@@ -185,6 +192,8 @@ def build_history(repo: Path) -> dict[str, str]:
     commit("slowdown", f"{GRAPH_REPS} in-graph matrix products per layer and step")
     series(["moe-runner-work.patch"], drop=("moe-experts-3pass.patch",))
     commit("moe-kernel", "experts kernel in one pass, work moved to the MoE layer entry")
+    series(["qk-rms-helper-branch.patch"])
+    commit("cache-key-2", "a second default-off helper branch")
     return commits
 
 
@@ -286,7 +295,8 @@ def table(commits: dict[str, str], rows: list[dict]) -> str:
     (pytest cuts long values in the middle)."""
     names = {h: n for n, h in commits.items()}
     return "\n".join(
-        f"{names.get(v['commit'], v['commit'][:12])}: {v['text']} ({v['n']} blocks, {v['minutes']} min)"
+        f"{names.get(v['commit'], v['commit'][:12])}: {v['text']} ({v['n']} blocks, {v['minutes']} min); "
+        f"key: {v.get('key_change')}"
         for v in rows
         if v["benchmark"].split("(")[0] == SPEED_FIGURE
     )
@@ -335,7 +345,7 @@ def test_asv_walk_over_patch_sets(tmp_path):
     env_dir = Path(os.environ.get("B70BENCH_ASV_ENV_DIR") or tmp_path / "env")
     conf = asv_conf(repo, tmp_path, env_dir)
     cache = tmp_path / "b70bench-cache"
-    decoded = ["broken", "cache-key", "slowdown", "moe-kernel"]
+    decoded = ["broken", "cache-key", "slowdown", "moe-kernel", "cache-key-2"]
     (tmp_path / "hashes.txt").write_text("\n".join(commits[n] for n in decoded) + "\n")
     t0 = time.monotonic()
     assert run_asv(repo, conf, "machine", "--yes", "--machine", "b70bench-walk", timeout=120).returncode == 0
@@ -412,8 +422,9 @@ def test_asv_walk_over_patch_sets(tmp_path):
     # One string with real line breaks: a tuple's repr is one long line, which CI's summary folds and cuts.
     why = "\n".join([table(commits, verdicts), f"hog: {hog.events}", f"asv: {found}", log[-6000:]])
     assert [e[0] for e in hog.events] == ["hog started", "hog stopped"], why  # the drift really happened
-    assert commits["cache-key"] in [bad for bad, _ in found.get(CACHE_KEY_FIGURE, [])], why
-    assert commits["slowdown"] not in [bad for bad, _ in found.get(CACHE_KEY_FIGURE, [])], why
+    # Each key move at its own commit, against its parent, and nothing else.
+    moves = {bad for bad, _ in found.get(CACHE_KEY_FIGURE, [])}
+    assert moves == {commits["cache-key"], commits["cache-key-2"]}, why
     slowed = {commits["moe-kernel"], commits["slowdown"]}
     assert slowed <= {bad for bad, _ in found.get(SPEED_FIGURE, [])}, why
     for figure in SPEED_FIGURES:  # not the default-off branch, on any speed figure
@@ -431,6 +442,14 @@ def test_asv_walk_over_patch_sets(tmp_path):
     # hog injected on purpose and two blocks do not narrow them to 5%, but the ratio stays near 1.
     assert mine[commits["cache-key"]]["verdict"] in ("no change", "undecided"), why
     assert 0.93 <= mine[commits["cache-key"]]["ratio"] <= 1.07, why
+    # The second branch: the same, without the hog; and each key move's row says what moved, the others "same".
+    assert mine[commits["cache-key-2"]]["verdict"] in ("no change", "undecided"), why
+    assert 0.93 <= mine[commits["cache-key-2"]]["ratio"] <= 1.07, why
+    for name in ("cache-key", "cache-key-2"):
+        line = mine[commits[name]]["key_change"] or ""
+        assert mine[commits[name]]["key_changed"] == 1 and "minimax_m2.py changed" in line, (name, line, why)
+    assert mine[commits["cache-key-2"]]["parent_aot_key"] == mine[commits["cache-key"]]["aot_key"], why
+    assert all(mine[commits[n]]["key_changed"] == 0 for n in ("slowdown", "moe-kernel")), why
     # The budget held: every block but the last started within it.
     started = block_starts_s(cache, commits["cache-key"])
     assert started and max(started) <= WALK_BUDGET_MIN * 60 + 30, (started, why)
@@ -477,6 +496,7 @@ def test_asv_walk_over_patch_sets(tmp_path):
 
     dom = asv_screenshot.screenshot(tmp_path / "html", png)  # raises if the site's scripts did not load
     assert commits["cache-key"][:8] in dom and commits["slowdown"][:8] in dom, dom[:3000]
+    assert "compile-cache key against the parent" in dom and dom.count("minimax_m2.py changed") >= 2, dom[:3000]
     assert "in-graph matrix products per layer and step" in dom, dom[:3000]  # commits shown with their subject
     assert "Decode speed verdicts by b70bench" in dom, dom[:3000]
     assert png.stat().st_size > 10_000

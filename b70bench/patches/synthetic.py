@@ -2,7 +2,8 @@
 
 On MiniMax-M2's model file, as the shipped series (patches/) leaves it (`shipped_model_text`):
 - `with_branch`: a default-off, env-gated branch in MiniMaxM2Attention (same tokens, same speed; it
-  moves the compiled-graph AOT key, as the lab's Q/K helper did);
+  moves the compiled-graph AOT key, as the lab's Q/K helper did); `with_second_branch` another one, in the decoder
+  layer, which moves the key again on top of it;
 - `with_work(text, reps)`: `reps` 64x64 float32 matrix products per call of compute_logits (once per decode
   step, outside the compiled graph): real CPU work of known size whose result is unused, so the tokens stay
   the same;
@@ -95,6 +96,24 @@ def with_branch(text: str) -> str:
         text,
         "        q, k = self.rotary_emb(positions, q, k)\n",
         "        if _QK_HELPER:\n            q, k = q.contiguous(), k.contiguous()\n",
+    )
+
+
+def with_second_branch(text: str) -> str:
+    """Another default-off, env-gated branch, in MiniMaxM2DecoderLayer: on top of with_branch it moves the AOT key a
+    second time (forward of MiniMaxM2Model moves down again), with the same tokens and speed, as a second helper
+    left in the model file would."""
+    text = _edit(
+        text,
+        "class MiniMaxM2DecoderLayer(nn.Module):\n",
+        "# Default off: the lab's Q/K RMS helper would be switched on here.\n"
+        '_QK_RMS_HELPER = __import__("os").environ.get("VLLM_MINIMAX_QK_RMS_HELPER") == "1"\n\n\n',
+        before=True,
+    )
+    return _edit(
+        text,
+        "        hidden_states = self.block_sparse_moe(hidden_states)\n",
+        "        if _QK_RMS_HELPER:\n            hidden_states = hidden_states.contiguous()\n",
     )
 
 
