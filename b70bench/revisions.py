@@ -4,8 +4,10 @@ A locally built vLLM on XPU, an existing CUDA environment: asv's managed environ
 reproduce them, and `environment_type: existing` cannot walk a range. This does it: for each
 commit (oldest first) apply that commit's patches/ series to the environment of PATH, run
 `asv run -E existing:PATH --set-commit-hash SHA`, restore, go on. The environment is locked
-for the whole walk. A Ctrl-C restores before exiting; after a hard kill,
-`b70bench revisions --restore --python PATH` returns the environment to its installed bytes.
+for the whole walk. A Ctrl-C restores before exiting; after a hard kill the same command restores
+what the killed walk left patched and goes on inside the commit it was in (its finished blocks are
+journaled: walkfollow, paired.journal), and `b70bench revisions --restore --python PATH` only restores.
+While it runs, each block reaches this process's stdout and `revisions --status` says where it is.
 """
 
 from __future__ import annotations
@@ -17,10 +19,22 @@ import shlex
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from b70bench import cachekey, children, figures, options, patches, side_settings, state, walkdesign, walklog
+from b70bench import (
+    cachekey,
+    children,
+    figures,
+    options,
+    patches,
+    side_settings,
+    state,
+    walkdesign,
+    walkfollow,
+    walklog,
+)
 from b70bench.decode import pair as decode_pair
 from b70bench.errors import UsageError
 from b70bench.history import commits_in, export_patches, git
@@ -146,12 +160,26 @@ class Record:
 ASV_GRACE_S = 60.0
 
 
+def _die_with_parent() -> None:
+    """In asv's process before it runs: SIGKILL when the walk dies (Linux's PR_SET_PDEATHSIG). A kill -9 of the walk
+    runs no `finally`; without this asv, in a session of its own, would go on measuring on an environment the next
+    walk restores under it. Its benchmark processes then see asv gone and stop their engines
+    (children.unwind_when_orphaned)."""
+    import ctypes
+    import signal
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: the walk's Ctrl-C and SIGTERM still take asv down
+        pass
+
+
 def run_asv(cmd: list[str], env: dict, cwd: Path) -> int:
     """asv in a process group of its own: whichever way the walk ends (Ctrl-C, SIGTERM, an error), asv and its
     benchmark processes get SIGTERM (the adapters then stop their engines and servers), then SIGKILL."""
     from b70bench.children import kill_group
 
-    proc = subprocess.Popen(cmd, env=env, cwd=cwd, start_new_session=True)
+    proc = subprocess.Popen(cmd, env=env, cwd=cwd, start_new_session=True, preexec_fn=_die_with_parent)
     try:
         return proc.wait()
     finally:
@@ -167,12 +195,17 @@ def walk(
     out=print,
     record: Record | None = None,
     builds: Path | None = None,
+    follow: walkfollow.Walk | None = None,
 ) -> list[dict]:
     """Build, apply, benchmark, restore per commit; returns one row per commit. Restores on any exit.
 
     A commit whose series patches source trees gets built copies of them (patches.trees; cached): the benchmarks
     import those (ASV_PYTHONPATH), the user's trees are only read. A failed build is recorded and the walk goes on;
-    a commit the record holds as finished for the same inputs is skipped (an interrupted walk resumes)."""
+    a commit the record holds as finished for the same inputs is skipped (an interrupted walk resumes).
+
+    follow (walkfollow.Walk): the walk's state file says which commit is under way, asv's benchmark processes report
+    each block there (said through `out` as it comes) and journal their blocks, so a killed walk resumes inside the
+    commit it was measuring. An environment a killed walk of these commits left patched is restored first."""
     run_benchmarks = run_benchmarks or (lambda cmd, env: run_asv(cmd, env, walker.repo))
     record = record or Record()
     rows = []
@@ -181,6 +214,18 @@ def walk(
         tempfile.TemporaryDirectory(prefix="b70bench-revisions-") as tmp,
     ):
         journal = patches.read_journal(walker.env)
+        if journal is not None and journal.get("commit") in commits:
+            # Inside the lock, so no walk is using it: a walk of these commits was killed while one was applied
+            # (revisions applies with --commit). Restoring is what it would have done next.
+            back = walker.restore(token)
+            if back.returncode != 0:
+                raise UsageError(
+                    f"{walker.prefix} was left patched by a killed walk at {journal['commit'][:10]} and restoring it "
+                    f"failed: {(back.stderr or back.stdout).strip()[-300:]}; fix that, then "
+                    f"`{walker.restore_command()}`"
+                )
+            out(f"restored {walker.prefix}: a killed walk left {journal['commit'][:10]}'s patches applied")
+            journal = None
         if journal is not None:  # inside the lock: a walk in progress is "in use", not "left patched"
             applied = ", ".join(journal.get("patches") or []) or "no patch files; a killed walk's journal"
             raise UsageError(
@@ -213,6 +258,8 @@ def walk(
                 out(f"[{i}/{len(commits)}] {commit[:10]}: {done['outcome']} before with the same inputs: skipped")
                 continue
             out(f"[{i}/{len(commits)}] {commit[:10]}: patch set {row['patch_set_hash']}")
+            if follow is not None:
+                follow.at(i, commit)
             try:
                 paths = build_trees(
                     ps,
@@ -252,6 +299,7 @@ def walk(
                     B70BENCH_REPO=str(walker.repo),
                     **{patches.LOCK_TOKEN_ENV: token},
                     **walker.env_vars(),
+                    **(follow.env() if follow is not None else {}),
                 )
                 if editable.is_dir():
                     paths = [*patches.overlay.python_path(editable), *paths]
@@ -261,7 +309,13 @@ def walk(
                 env[walklog.FAILURES_ENV] = str(failures)
                 cmd = asv_command(walker.python, commit, asv_args)
                 out(f"  {shlex.join(cmd)}")
-                row["asv_rc"] = run_benchmarks(cmd, env)
+                if follow is None:
+                    row["asv_rc"] = run_benchmarks(cmd, env)
+                else:
+                    started = time.time()
+                    context = (f"  [{i}/{len(commits)}] {commit[:10]}", started, follow.plan_min)
+                    with walkfollow.Follower(follow.progress, out, lambda c=context: c):
+                        row["asv_rc"] = run_benchmarks(cmd, env)
                 lost = walklog.read(failures)
                 if lost or row["asv_rc"] != 0:
                     # Never "measured": the page says why, and a resumed walk measures the commit again.
@@ -276,6 +330,8 @@ def walk(
                     for shape, change in sorted(cachekey.saved_changes(commit).items()):
                         out(f"  {shape}: compile-cache key: {cachekey.change_line(change)}")
                 record.add(row)
+                if follow is not None and row["outcome"] == walklog.MEASURED:
+                    follow.measured(commit)  # its blocks are in asv's results now; a later walk measures afresh
             finally:
                 back = walker.restore(token)
                 row["restored"] = back.returncode == 0
@@ -388,10 +444,32 @@ def selected(asv_args: list[str], name: str) -> bool:
     return not pats or any(re.search(p, name) for p in pats)
 
 
+def commit_minutes(asv_args: list[str], stack: description.Stack) -> float:
+    """The plan's minutes a commit's paired suites may spend at most (cost_lines' "~X min a commit"): what
+    `revisions` and `--status` measure a commit's progress and the walk's end against."""
+    return _costs(asv_args, stack)[1]
+
+
 def cost_lines(asv_args: list[str], stack: description.Stack, commits: int) -> list[str]:
     """What each measured commit's paired suites may spend: the placement auto picks for the stack here, the
     measurements (decode shapes, serve levels), the starts a decided one takes at least, the budget minutes each
     may spend (a block under way when the budget runs out finishes), and the walk's total at most."""
+    lines, minutes, where = _costs(asv_args, stack)
+    if len(lines) == 1:
+        return ["paired suites: none selected by --asv-args; each commit runs only the isolated suites"]
+    first = stopping.first_look_blocks(stopping.WALK_FIRST_BLOCKS, where)
+    warm = f"{len(SIDES)} fill the compile caches, then " if where == placements.ALTERNATE else ""
+    lines += [
+        f"starts: {stopping.least_starts(stopping.WALK_FIRST_BLOCKS, where)} at least a decided measurement "
+        f"({warm}{first} blocks of {len(SIDES)})",
+        f"time: at most ~{minutes:g} min a commit (+ the block under way when a budget runs out, builds, isolated "
+        f"suites); ~{minutes * commits / 60:.1f} h for {_commits(commits)} to measure",
+    ]
+    return lines
+
+
+def _costs(asv_args: list[str], stack: description.Stack) -> tuple[list[str], float, str]:
+    """(the placement's and each paired suite's plan lines, minutes a commit at most, the placement)."""
     backend = stack.resolved_backend()
     where, why = placements.choose(placements.AUTO, backend, stack)
     lines, minutes = [f"placement: {where} ({why})"], 0.0
@@ -413,17 +491,13 @@ def cost_lines(asv_args: list[str], stack: description.Stack, commits: int) -> l
         each = stopping.budget_min_from_env("B70BENCH_SERVE_BUDGET_MIN", stopping.DEFAULT_BUDGET_MIN)
         lines.append(f"serve: {' '.join(levels)} requests, {each:g} min a level (B70BENCH_SERVE_BUDGET_MIN)")
         minutes += each * len(levels)
-    if len(lines) == 1:
-        return ["paired suites: none selected by --asv-args; each commit runs only the isolated suites"]
-    first = stopping.first_look_blocks(stopping.WALK_FIRST_BLOCKS, where)
-    warm = f"{len(SIDES)} fill the compile caches, then " if where == placements.ALTERNATE else ""
-    lines += [
-        f"starts: {stopping.least_starts(stopping.WALK_FIRST_BLOCKS, where)} at least a decided measurement "
-        f"({warm}{first} blocks of {len(SIDES)})",
-        f"time: at most ~{minutes:g} min a commit (+ the block under way when a budget runs out, builds, isolated "
-        f"suites); ~{minutes * commits / 60:.1f} h for {_commits(commits)} to measure",
-    ]
-    return lines
+    return lines, minutes, where
+
+
+def say(line: str) -> None:
+    """A walk's line on its stdout, flushed: a pipe (`| tee walk.log`) would otherwise hold a night's blocks back,
+    and asv, writing to the same descriptor, would overtake them."""
+    print(line, flush=True)
 
 
 def restored(row: dict) -> str:
@@ -431,15 +505,42 @@ def restored(row: dict) -> str:
     return ("yes" if row["restored"] else "no") if row.get("applied") else "-"
 
 
+def status(repo: Path, machine: str | None) -> list[str]:
+    """`revisions --status`: the walks under this project's results (one --machine, or every machine's), each
+    running one as walkfollow.status_lines tells it; none running: the latest one's end (killed, or how it ended)."""
+    root = walkfollow.folder(state.asv_results_dir(repo), machine or "*")
+    found = sorted(
+        (d for d in root.parent.glob(root.name) if (d / walkfollow.STATE).is_file()),
+        key=lambda d: (d / walkfollow.STATE).stat().st_mtime,
+    )
+    if not found:
+        return [f"no walk running (none has run under {root.parent})"]
+    live = [d for d in found if walkfollow.running(walkfollow.read_state(d) or {})]
+    shown = live or found[-1:]
+    if len(found) == 1:
+        return walkfollow.status_lines(shown[0])
+    return [line for d in shown for line in (f"machine {d.name}:", *(f"  {x}" for x in walkfollow.status_lines(d)))]
+
+
+def status_command(repo: Path, machine: str | None) -> str:
+    """The --status command that finds this walk (its --repo and --machine where not the defaults)."""
+    extra = ([] if repo == ROOT else ["--repo", str(repo)]) + (["--machine", machine] if machine else [])
+    return shlex.join(["b70bench", "revisions", "--status", *extra])
+
+
 def run(args) -> int:
     python = options.interpreter(args.python)
     walker = Walker(python, Path(args.repo).resolve(), args.site_dir, args.prefix)
+    if args.status:
+        for line in status(walker.repo, args.machine):
+            print(line)
+        return 0
     if args.restore:
         done = walker.restore()
         print((done.stdout + done.stderr).strip())
         return done.returncode
     if not args.range:
-        raise UsageError("name a range (OLD..NEW) or a commit, or pass --restore")
+        raise UsageError("name a range (OLD..NEW) or a commit, or pass --restore or --status")
     children.unwind_on_sigterm()  # a SIGTERM restores the environment and reaps asv, as Ctrl-C does
     every = commits_in(walker.repo, args.range)
     commits = shard(every, args.shard)
@@ -490,7 +591,23 @@ def run(args) -> int:
         folder = Path(results).parent / "b70bench-design" / machine
         walkdesign.measure(walker.repo, commits, stack, walker.env, python, folder)
         os.environ[chain.DESIGN_ENV] = str(folder)  # the decode adapter reads each commit's result there
-    rows = walk(walker, commits, [*asv_args, "--machine", machine], record=record)
+    subjects = [(c, git(walker.repo, "log", "-1", "--format=%s", c)[:60]) for c in commits]
+    command = shlex.join(["b70bench", "revisions", *sys.argv[2:]]) if sys.argv[1:2] == ["revisions"] else ""
+    follow = walkfollow.Walk(
+        walkfollow.folder(results, machine), args.range, subjects, commit_minutes(asv_args, stack), command
+    )
+    killed = follow.begin()
+    if killed is not None:
+        say(f"the last walk here ({killed.get('range')}, pid {killed.get('pid')}) was killed at commit "
+            f"{killed.get('index')} of {len(killed.get('commits') or [])}: the blocks it finished are kept for the "
+            f"measurements this walk repeats")  # fmt: skip
+    say(f"follow: `{status_command(walker.repo, args.machine)}` from another shell; blocks appear here as they end")
+    how = "interrupted"
+    try:
+        rows = walk(walker, commits, [*asv_args, "--machine", machine], record=record, follow=follow, out=say)
+        how = "finished"
+    finally:
+        follow.end(how)
     print()
     print(f"{'commit':10}  {'patch set':16}  {'outcome':18}  asv  restored  error")
     for r in rows:
@@ -528,7 +645,17 @@ def register(sub) -> None:
         help="the stack under test (docs/stacks.md), passed to the asv adapters as B70BENCH_STACK",
     )
     p.add_argument("--asv-args", default="", help='extra arguments for asv run, e.g. "--bench Decode -a repeat=3"')
-    p.add_argument("--restore", action="store_true", help="only restore the environment (after an interrupted walk)")
+    p.add_argument(
+        "--restore",
+        action="store_true",
+        help="only restore the environment (a plain re-run of a killed walk's range restores it by itself)",
+    )
+    p.add_argument(
+        "--status",
+        action="store_true",
+        help="where a running walk is (commit i of N, its last block, minutes spent, estimated end), or that none is "
+        "running and whether the last was killed; finds it under the project's results (--repo, --machine narrow it)",
+    )
     # Sides that differ by settings: each commit measured with B's against itself with A's (a flag swept).
     side_settings.add_flags(p)
     p.add_argument(

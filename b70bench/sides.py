@@ -96,6 +96,15 @@ def check_usable(series_dir: Path, env: patches.Env) -> None:
         patches.trees.build(tree, group, command)
 
 
+def _journaled(kw: dict, commit: str, parent: str, dirs: dict) -> dict:
+    """kw with the walk's journal of this measurement (walkfollow.journal): under `revisions`, its finished blocks
+    are recorded and a killed walk's read back; elsewhere kw as it is."""
+    from b70bench import walkfollow
+
+    journal = walkfollow.journal(commit, parent, dirs)
+    return {**kw, "journal": journal} if journal is not None and "journal" not in kw else kw
+
+
 def against_parent(repo: Path, commit: str, env: patches.Env, out_dir: Path, measure, **kw) -> dict:
     """measure(dirs, env, out_dir, **kw) of a commit's series (B) against its parent's (A): the walk's verdict per
     commit (measure: decode.pair.compare_series or serve.pair.compare_series).
@@ -128,7 +137,7 @@ def against_parent(repo: Path, commit: str, env: patches.Env, out_dir: Path, mea
                         f"the last {MAX_SKIPPED_PARENTS} ancestors of {commit[:12]} have series that do not apply: "
                         f"fix the history or walk a range that starts after them"
                     ) from None
-        res = measure(dirs, env, out_dir, **kw)
+        res = measure(dirs, env, out_dir, **_journaled(kw, commit, parent, dirs))
     res["commit"], res["parent"], res["skipped_parents"] = commit, parent, skipped
     return res
 
@@ -138,6 +147,7 @@ def against_self(repo: Path, commit: str, env: patches.Env, out_dir: Path, measu
     commits: at every commit, B's settings against A's); the result's parent is the commit itself."""
     with tempfile.TemporaryDirectory(prefix="b70bench-self-") as tmp:
         series = history.export_patches(repo, commit, Path(tmp) / "series")
-        res = measure({s: series for s in SIDES}, env, out_dir, settings=settings, **kw)
+        dirs = {s: series for s in SIDES}
+        res = measure(dirs, env, out_dir, settings=settings, **_journaled(kw, commit, commit, dirs))
     res["commit"], res["parent"], res["skipped_parents"] = commit, commit, []
     return res

@@ -162,9 +162,11 @@ def compare_series(
     spec: dict | None = None,
     cache_dir: Path | None = None,
     settings: dict | None = None,
+    journal: stopping.Journal | None = None,
 ) -> dict:
     """Measure B against A (series directories) in blocks until `rule` decides or stops; returns the result as one
-    JSON-able dict. rule.rounds None: DEFAULT_ROUNDS.
+    JSON-able dict. rule.rounds None: DEFAULT_ROUNDS. journal (a walk's): where the finished blocks are recorded and
+    read back (paired.journal), keyed here by what this measures too.
 
     cache_dir: where each side's vLLM compile cache lives (default: out_dir). A persistent one makes every start
     after the first of a graph warm: vLLM on the CPU recompiles at each start, but inductor's generated C++ is
@@ -177,7 +179,15 @@ def compare_series(
     sides_, spec = target.sides, target.spec
     tokens = spec.get("batch", 1) * spec.get("output_len", 1)
 
-    result = stopping.measure_target(target, where, out_dir, rule, warmup_calls=DEFAULT_WARMUP_CALLS, out=out)
+    if journal is not None:
+        journal = journal.keyed(
+            f"decode {shape}", shape=shape, spec=spec, stack=stack.hash(), backend=backend, placement=where,
+            rounds=rule.rounds, warmup_calls=DEFAULT_WARMUP_CALLS,
+            settings={s: sides_[s].settings.digest() for s in SIDES},
+        )  # fmt: skip
+    result = stopping.measure_target(
+        target, where, out_dir, rule, warmup_calls=DEFAULT_WARMUP_CALLS, out=out, journal=journal
+    )
     res = to_result(result, dirs, shape, tokens, rule.min_effect, where, why, backend, stack)
     return {**res, "settings": {s: sides_[s].settings.to_json() for s in SIDES}}
 

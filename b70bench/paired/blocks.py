@@ -119,6 +119,23 @@ class Block:
         ]
         return statistics.median(got) if got else None
 
+    @classmethod
+    def from_json(cls, data: dict) -> Block:
+        """A block as to_json wrote it (a walk's journal): its calls, starts and seconds, so its ratio, standard
+        error and cost read the same in the process that resumes the measurement."""
+        return cls(
+            index=data["index"],
+            calls=list(data.get("calls") or []),
+            starts=dict(data.get("starts") or {}),
+            wall_s=float(data.get("wall_s") or 0.0),
+            error=data.get("error"),
+            placement=data.get("placement") or "together",
+            warm_starts=dict(data.get("warm_starts") or {}),
+            warm_s=float(data.get("warm_s") or 0.0),
+            warm_failed=bool(data.get("warm_failed")),
+            started_apart=bool(data.get("started_apart")),
+        )
+
     def to_json(self) -> dict:
         return {
             "index": self.index,

@@ -19,6 +19,7 @@ from b70bench import records, stats, verdicts
 from b70bench.errors import UsageError
 from b70bench.paired import placement as placements
 from b70bench.paired.blocks import SIDES, Block, block_ses, decide
+from b70bench.paired.journal import Journal
 
 MAX_LOOKS = 4
 # `compare`'s overall level (each of its looks at per_look_level of it).
@@ -211,6 +212,9 @@ def measure(
     max_blocks: int | None = None,
     out=print,
     clock=time.monotonic,
+    done: list[Block] | tuple = (),
+    looked: list[int] | tuple = (),
+    on_look=None,
 ) -> Paired:
     """Blocks until decided: `first_blocks`, each started while the budget is not yet spent (a budget spent sooner
     brings the first look at the blocks taken), then double while undecided and the next block fits
@@ -218,48 +222,70 @@ def measure(
 
     run_one(index) -> Block runs one block. `level` is each look's; at most max_looks looks are taken,
     so an A/A pair is called different with at most max_looks * (1 - level) (per_look_level()).
+
+    done, looked: what an earlier run of the same measurement finished (paired.journal): its blocks, which this run
+    goes on from (the next block is number len(done) + 1; the budget counts their seconds), and the block counts at
+    which it looked (those looks count against max_looks; where the last saw exactly `done`, those blocks are read
+    again before any block runs, not counted as a look of their own). on_look(blocks): told of each look taken.
     """
 
     per_look = level
-    t0 = clock()
-    blocks: list[Block] = []
+    blocks: list[Block] = list(done)
+    # The budget is the measurement's, not this process's: blocks journaled by a killed run spent it too.
+    t0 = clock() - sum(b.wall_s for b in blocks)
     cap = max_blocks if max_blocks is not None else 10**9
-    target, looks, reason, stopped = min(first_blocks, cap), 0, None, None
+    target, looks, reason, stopped = min(first_blocks, cap), len(looked), None, None
     ratio = decision = None
+    resumed_after_look = bool(looked)
     while True:
-        while len(blocks) < target:
-            b = run_one(len(blocks))
-            blocks.append(b)
-            ok = [x for x in blocks if x.error is None]
-            out(
-                f"block {b.index + 1}: "
-                + (f"B/A {b.ratio():.3f} over {len(b.ratios())} rounds" if b.error is None else f"failed: {b.error}")
-                + f" ({b.wall_s:.0f} s, {(clock() - t0) / 60:.1f} of {budget_s / 60:.1f} min)"
-            )
-            if b.error is not None and not b.warm_failed:
-                # A counted start or call lost (an engine killed, out of memory, a start timeout): the figures
-                # would rest on whatever blocks happened to survive, so the measurement ends here with the cause;
-                # a walk records it as failed and measures the commit again when it resumes. A failed uncounted
-                # start loses nothing counted: the next block warms.
-                reason = f"block {b.index + 1} failed: {b.error}"
-                return Paired(blocks, None, None, per_look, looks, clock() - t0, reason, lost=True, stopped=FAILED)
-            if b.error is not None and not ok and len(blocks) >= 2:
-                reason = f"every block failed; the last: {b.error}"
-                return Paired(blocks, None, None, per_look, looks, clock() - t0, reason, lost=True, stopped=FAILED)
-            spent = clock() - t0
-            # The blocks of the first look are the fewest a verdict is read from, so each starts whenever the budget
-            # is not yet spent (the budget then runs over by one block at most), never cut short by a prediction:
-            # the first block pays the new graph's compile, so its cost predicted too few blocks on a slow host, and
-            # two blocks whose process pairs disagree by a few percent leave even a 9% slowdown undecided. Later
-            # blocks start only where the next (costing about what the last one did) still fits.
-            per_block = b.wall_s
-            over = spent >= budget_s if looks == 0 else spent + per_block > budget_s
-            if over and len(blocks) < target:
-                reason = f"the budget ({budget_s / 60:.1f} min) ran out after {len(blocks)} blocks"
-                stopped = BUDGET
-                break
-        looks += 1
-        ratio, decision = decide(blocks, per_look, min_effect, floor)
+        if resumed_after_look:
+            # A killed run looked at looked[-1] blocks and went on (or was about to): continue from that look.
+            resumed_after_look = False
+            seen = looked[-1]
+            if seen == len(blocks):
+                ratio, decision = decide(blocks, per_look, min_effect, floor)
+        else:
+            while len(blocks) < target:
+                b = run_one(len(blocks))
+                blocks.append(b)
+                ok = [x for x in blocks if x.error is None]
+                out(
+                    f"block {b.index + 1}: "
+                    + (
+                        f"B/A {b.ratio():.3f} over {len(b.ratios())} rounds"
+                        if b.error is None
+                        else f"failed: {b.error}"
+                    )
+                    + f" ({b.wall_s:.0f} s, {(clock() - t0) / 60:.1f} of {budget_s / 60:.1f} min)"
+                )
+                if b.error is not None and not b.warm_failed:
+                    # A counted start or call lost (an engine killed, out of memory, a start timeout): the figures
+                    # would rest on whatever blocks happened to survive, so the measurement ends here with the cause;
+                    # a walk records it as failed and measures the commit again when it resumes. A failed uncounted
+                    # start loses nothing counted: the next block warms.
+                    reason = f"block {b.index + 1} failed: {b.error}"
+                    return Paired(blocks, None, None, per_look, looks, clock() - t0, reason, lost=True, stopped=FAILED)
+                if b.error is not None and not ok and len(blocks) >= 2:
+                    reason = f"every block failed; the last: {b.error}"
+                    return Paired(blocks, None, None, per_look, looks, clock() - t0, reason, lost=True, stopped=FAILED)
+                spent = clock() - t0
+                # The blocks of the first look are the fewest a verdict is read from, so each starts whenever the
+                # budget is not yet spent (the budget then runs over by one block at most), never cut short by a
+                # prediction: the first block pays the new graph's compile, so its cost predicted too few blocks on
+                # a slow host, and two blocks whose process pairs disagree by a few percent leave even a 9% slowdown
+                # undecided. Later blocks start only where the next (costing about what the last one did) still
+                # fits.
+                per_block = b.wall_s
+                over = spent >= budget_s if looks == 0 else spent + per_block > budget_s
+                if over and len(blocks) < target:
+                    reason = f"the budget ({budget_s / 60:.1f} min) ran out after {len(blocks)} blocks"
+                    stopped = BUDGET
+                    break
+            looks += 1
+            if on_look is not None:
+                on_look(len(blocks))
+            seen = len(blocks)
+            ratio, decision = decide(blocks, per_look, min_effect, floor)
         if decision is not None and decision.word != stats.UNDECIDED:
             reason, stopped = None, DECIDED
             break
@@ -276,7 +302,9 @@ def measure(
                     else (f"{looks} looks taken (the most the level allows)", LOOKS)
                 )
             break
-        target = min(cap, len(blocks) + min(len(blocks), room))
+        # Double the blocks the last look saw, as far as the budget allows (blocks run since that look, by a run
+        # that was killed, are already in `blocks` and their seconds in `spent`).
+        target = min(cap, 2 * seen, len(blocks) + room)
     lost = ratio is None and not [b for b in blocks if b.error is None]
     if ratio is None and reason is None:
         reason = "fewer than two blocks completed"
@@ -293,26 +321,43 @@ def measure_target(
     *,
     warmup_calls: int,
     out=print,
+    journal: Journal | None = None,
 ) -> Paired:
     """The one run of a paired measurement: measure() over blocks of `target` placed as `placement` by `rule` (its
     rounds set; the first alternate block warms each side first), each block's calls written to out_dir/blockNN.json
     for a reader to check (scripts/pair_analysis.py reads them). rule.level is the overall level; each look takes
-    per_look_level(rule.level)."""
+    per_look_level(rule.level).
+
+    journal (a walk's: paired.journal): each finished block and look recorded as it ends, and what an earlier run
+    of the same measurement recorded read back and gone on from."""
     if rule.rounds is None:
         raise ValueError("measure_target needs rule.rounds: the target's compare_series sets its default")
     first_blocks = first_look_blocks(rule.first_blocks, placement)
+    done, looked = journal.read() if journal is not None else ([], [])
+    if journal is not None:
+        journal.begin(done, rule.budget_s, placement)
+    spent = [sum(b.wall_s for b in done)]
+    if done:
+        out(
+            f"{len(done)} blocks kept from an earlier run ({spent[0] / 60:.1f} min, {journal.path}); going on at "
+            f"block {len(done) + 1}" + (", after a warm start a side" if placement == placements.ALTERNATE else "")
+        )
 
+    # Alternate: each side's compile cache is filled by an uncounted start before the first counted one, in this
+    # process too when blocks were kept from an earlier one (its engines are gone; a start after a reboot or another
+    # walk's commit is not warm). A block whose warm starts failed (a start out of memory) leaves that to the next.
     warmed = placement != placements.ALTERNATE
 
     def run_one(i: int) -> Block:
         nonlocal warmed
-        # Alternate: each side's compile cache is filled by an uncounted start before the first counted one; a
-        # block whose warm starts failed (a start out of memory) leaves that to the next block.
         b = placements.run_block(
             i, target, placement, rounds=rule.rounds, warmup_calls=warmup_calls, warm_first=not warmed
         )
         warmed = warmed or len(b.warm_starts) == len(SIDES)
         records.atomic_write_text(out_dir / f"block{i:02d}.json", json.dumps(b.to_json()) + "\n")
+        spent[0] += b.wall_s
+        if journal is not None:
+            journal.block(b, spent[0])
         return b
 
     return measure(
@@ -324,4 +369,7 @@ def measure_target(
         first_blocks=first_blocks,
         max_blocks=rule.max_blocks,
         out=out,
+        done=done,
+        looked=looked,
+        on_look=journal.look if journal is not None else None,
     )

@@ -148,9 +148,11 @@ def compare_series(
     server_cls=server.Server,
     stack: Stack | None = None,
     settings: dict | None = None,
+    journal: stopping.Journal | None = None,
 ) -> dict:
     """B against A (series directories), servers of the stack paired at one concurrency until `rule` decides or
-    stops (rule.rounds None: DEFAULT_ROUNDS levels a side a block); one JSON-able dict."""
+    stops (rule.rounds None: DEFAULT_ROUNDS levels a side a block); one JSON-able dict. journal (a walk's): where
+    the finished blocks are recorded and read back (paired.journal), keyed here by what this measures too."""
     stack = stack or description.default()
     rule = dataclasses.replace(rule, rounds=rule.rounds_or(DEFAULT_ROUNDS))
     min_effect, floor = rule.min_effect, rule.floor
@@ -171,7 +173,13 @@ def compare_series(
         backend=backend,
     )
 
-    result = stopping.measure_target(target, where, out_dir, rule, warmup_calls=1, out=out)
+    if journal is not None:
+        journal = journal.keyed(
+            f"serve {shape} c{concurrency}", shape=shape, concurrency=concurrency, args=args, stack=stack.hash(),
+            backend=backend, placement=where, rounds=rule.rounds,
+            settings={s: sides_[s].settings.digest() for s in SIDES},
+        )  # fmt: skip
+    result = stopping.measure_target(target, where, out_dir, rule, warmup_calls=1, out=out, journal=journal)
     good = result.good
     gates = report.paired_gates(good, gate.check(gate.stack_key(stack, backend), stack.gate_file))
     e2e = {s: [b.figure(s) for b in good if b.figure(s) is not None] for s in SIDES}
