@@ -27,8 +27,9 @@ and the slowdown's blocks are not. The `vllm` moe-down figure is measured in the
 
 Asserted on the published site (b70bench.asv_plugin's verdicts for the decode speed figures and the key figure
 against the parent, asv's step fit for the rest): slowdown and moe-kernel named slower on seconds per output token;
-neither cache-key commit on any speed figure; both named on the key figure against the parent, each row with its
-key line naming minimax_m2.py, and no other commit; `b70bench kernel-vs-model` flags
+neither cache-key commit on any speed figure; both named on the key figure against the parent (and the slowdown,
+whose work is written above the model's forward too), each row with its key line naming minimax_m2.py, not the MoE
+commit; `b70bench kernel-vs-model` flags
 moe-kernel and no other. The broken commit fails naming its patch; the environment's vLLM is RECORD-pristine after
 a restore. Then Chromium (Debian's, scripts/install-chromium.sh) renders the regressions page from a
 localhost server (scripts/asv_site_offline.py points asv's CDN scripts at Debian's packaged copies).
@@ -422,9 +423,11 @@ def test_asv_walk_over_patch_sets(tmp_path):
     # One string with real line breaks: a tuple's repr is one long line, which CI's summary folds and cuts.
     why = "\n".join([table(commits, verdicts), f"hog: {hog.events}", f"asv: {found}", log[-6000:]])
     assert [e[0] for e in hog.events] == ["hog started", "hog stopped"], why  # the drift really happened
-    # Each key move at its own commit, against its parent, and nothing else.
+    # Each key move at its own commit, against its parent: both default-off branches, and the slowdown, whose in-graph
+    # work is written above MiniMaxM2Model.forward too (an edit there moves the AOT key whatever it does); not the MoE
+    # commit, which edits other files.
     moves = {bad for bad, _ in found.get(CACHE_KEY_FIGURE, [])}
-    assert moves == {commits["cache-key"], commits["cache-key-2"]}, why
+    assert moves == {commits[n] for n in ("cache-key", "slowdown", "cache-key-2")}, why
     slowed = {commits["moe-kernel"], commits["slowdown"]}
     assert slowed <= {bad for bad, _ in found.get(SPEED_FIGURE, [])}, why
     for figure in SPEED_FIGURES:  # not the default-off branch, on any speed figure
@@ -445,11 +448,11 @@ def test_asv_walk_over_patch_sets(tmp_path):
     # The second branch: the same, without the hog; and each key move's row says what moved, the others "same".
     assert mine[commits["cache-key-2"]]["verdict"] in ("no change", "undecided"), why
     assert 0.93 <= mine[commits["cache-key-2"]]["ratio"] <= 1.07, why
-    for name in ("cache-key", "cache-key-2"):
+    for name in ("cache-key", "slowdown", "cache-key-2"):
         line = mine[commits[name]]["key_change"] or ""
         assert mine[commits[name]]["key_changed"] == 1 and "minimax_m2.py changed" in line, (name, line, why)
-    assert mine[commits["cache-key-2"]]["parent_aot_key"] == mine[commits["cache-key"]]["aot_key"], why
-    assert all(mine[commits[n]]["key_changed"] == 0 for n in ("slowdown", "moe-kernel")), why
+    assert mine[commits["moe-kernel"]]["key_changed"] == 0, why
+    assert mine[commits["cache-key-2"]]["parent_aot_key"] == mine[commits["moe-kernel"]]["aot_key"], why
     # The budget held: every block but the last started within it.
     started = block_starts_s(cache, commits["cache-key"])
     assert started and max(started) <= WALK_BUDGET_MIN * 60 + 30, (started, why)
