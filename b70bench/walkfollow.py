@@ -31,7 +31,7 @@ import threading
 import time
 from pathlib import Path
 
-from b70bench import patches, records
+from b70bench import patches, records, walklog
 from b70bench.paired.journal import Journal
 
 PROGRESS_ENV = "B70BENCH_WALK_PROGRESS"
@@ -109,17 +109,8 @@ def read_state(where: Path) -> dict | None:
 
 
 def read_events(where: Path) -> list[dict]:
-    out = []
-    try:
-        text = (Path(where) / PROGRESS).read_text()
-    except OSError:
-        return out
-    for line in text.splitlines():
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            continue
-    return out
+    """This run's events (a line cut short by a kill is skipped, as walklog.read skips it)."""
+    return walklog.read(Path(where) / PROGRESS)
 
 
 class Walk:

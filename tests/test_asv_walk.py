@@ -487,10 +487,14 @@ def test_asv_walk_over_patch_sets(tmp_path):
     why = (summary["kernel_vs_model"], kvm.stdout[-4000:], log[-3000:])
     assert [r["commit"] for r in rows if r["flag"]] == [commits["moe-kernel"]], why
     moe_row = next(r for r in rows if r["commit"] == commits["moe-kernel"])
-    assert f"{MOE_FIGURE}('vllm', 1)" in moe_row["faster_kernels"], why
+    # The isolated `vllm` figure that named it, at 1 or 4 tokens: each is one fresh process a commit, and one process
+    # can read the unchanged kernel 1.6x off the next, so which of the two clears the window is the host's (a CI
+    # walk read the 1-token kernel slow at moe-kernel and fast at the commit after; 4 tokens named it there).
+    named = [f"{MOE_FIGURE}('vllm', {t})" for t in (1, 4) if f"{MOE_FIGURE}('vllm', {t})" in moe_row["faster_kernels"]]
+    assert named, why
     # 3 passes -> 1: a third of the kernel's time plus fixed costs; read 0.30-0.52 in walks on this host, where
     # fresh processes read one kernel up to 1.6x apart, so the bound is loose, not the ideal third.
-    assert moe_row["kernels"][f"{MOE_FIGURE}('vllm', 1)"]["ratio"] < 0.7, why
+    assert all(moe_row["kernels"][name]["ratio"] < 0.7 for name in named), why
 
     # The website, in a real browser, from a real HTTP server.
     png = tmp_path / "asv-walk-regressions.png"
