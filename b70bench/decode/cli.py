@@ -71,6 +71,10 @@ def _canary_lines(rec: dict) -> None:
 
 def _progress(rec: dict) -> None:
     state = "ok" if rec["ok"] else f"FAILED: {rec['error']}"
+    if rec["ok"] and rec.get("s_per_output_token_median") is not None:
+        # One line a start with its figure: a run cut short (a lent machine taken back) still leaves each start's.
+        state += f" {rec['s_per_output_token_median'] * 1e3:.4f} ms/token median"
+        state += f", start {rec['start_s']:.1f} s" if rec.get("start_s") is not None else ""
     print(
         f"[decode] {rec['shape']} {'cold' if rec['cold'] else 'warm'} run {rec['run']}: {state} "
         f"(log {rec['log_path']})",

@@ -19,6 +19,8 @@
 #   serve       `serve --stack` at 1 and 4 requests, beside `vllm bench serve`
 #   standin     the MiniMax M2.7 INT4 stand-in (LAYERS layers, 30; docs/standin.md) written with its stack, then
 #               `decode --stack` one shape (SHAPE, p512n256) once cold and once warm with --accept-gate
+#   standin-starts  one cold start, then RUNS (10) warm starts of the stand-in on one compile cache, SHAPE_STARTS
+#               (p512n64), 8 timed calls each: start cost and the spread between single starts of identical code
 #   standin-profile  the device's busy time a decode token against the wall time a token, the engine in the
 #               profiling process (scripts/device/standin_profile.py, SHAPE_PROFILE p512n64), its own compile cache
 # Environment: PARTS (the folder of the parts and parts.json; setup needs it until SITE holds vLLM), EXTRA (more
@@ -161,8 +163,12 @@ for st in "$@"; do
       standin_write > "$LOGS/standin-write.log" 2>&1 || { cat "$LOGS/standin-write.log"; continue; }
       stage standin-profile 540 env VLLM_CACHE_ROOT="$WORK/standin-profile-cache" $PY scripts/device/standin_profile.py \
         "$SI" --shape "${SHAPE_PROFILE:-p512n64}" --json "$LOGS/standin-profile.json" ;;
+    standin-starts)
+      standin_write > "$LOGS/standin-write.log" 2>&1 || { cat "$LOGS/standin-write.log"; continue; }
+      stage standin-starts "${LIMIT:-3000}" $B decode --stack "$SI" --shapes "${SHAPE_STARTS:-p512n64}" \
+        --runs "${RUNS:-10}" --iterations 8 --json "$LOGS/standin-starts.json" --out-dir "$WORK/standin-starts" ;;
     *) echo "unknown stage $st (setup decode cachekey kernels aa slow together branch flag flag-on flag-off numerics" \
-         "plan serve standin standin-profile)"
+         "plan serve standin standin-profile standin-starts)"
        exit 2 ;;
   esac
 done
