@@ -6,6 +6,8 @@ blocks.py   a block's calls, its B/A and standard error; the decision over block
 live.py     the process protocol of a side: a spec file, a ready line, JSON answers to `call`, `stop`
 stopping.py the stopping rule (Rule): blocks until decided or the budget is spent, the budgets' defaults, and the
             one run of a target (measure_target)
+allocation.py  arithmetic only: the calls a start that buy the most precision a second, and what a budget decides
+            (forecast: blocks, minutes, the smallest slowdown named)
 chain.py    a walk's commits as one design, each commit's side started once a pass
 report.py   what every paired result reports (verdict, blocks, starts, calls, minutes) and each side's gate
 

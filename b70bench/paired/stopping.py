@@ -69,18 +69,25 @@ def start_cost_s(start_s: float, call_s: float, calls: int) -> float:
     return start_s + calls * call_s
 
 
+def block_s(start_s: float, call_s: float, calls: int, placement: str, backend: str = "cpu") -> float:
+    """Seconds one counted block takes (`calls` a start, warm-ups included): alternate runs one process at a time,
+    2 * start_cost_s; together starts both sides' processes at once (on `backend`'s accelerators one after the
+    other: placement.starts_in_turn), then alternates their calls: (1 or 2) * start_s + 2 * calls * call_s."""
+    if placement == placements.ALTERNATE:
+        return len(SIDES) * start_cost_s(start_s, call_s, calls)
+    starts = len(SIDES) if placements.starts_in_turn(backend) else 1
+    return starts * start_s + len(SIDES) * calls * call_s
+
+
 def first_look_s(
     start_s: float, call_s: float, calls: int, first_blocks: int, placement: str, backend: str = "cpu"
 ) -> float:
     """Seconds a first look takes on a stack whose warm start takes start_s and one call call_s (`calls` a start,
-    warm-ups included): alternate runs one process at a time, after one uncounted start a side; together starts both
-    sides' processes at once (on `backend`'s accelerators one after the other: placement.starts_in_turn) and
-    alternates their calls."""
+    warm-ups included): its blocks (block_s each); alternate also runs one uncounted start a side first, counted
+    here as one more block."""
     blocks = first_look_blocks(first_blocks, placement)
-    if placement == placements.ALTERNATE:
-        return len(SIDES) * start_cost_s(start_s, call_s, calls) * (blocks + 1)
-    starts = len(SIDES) if placements.starts_in_turn(backend) else 1
-    return blocks * (starts * start_s + len(SIDES) * calls * call_s)
+    warm = 1 if placement == placements.ALTERNATE else 0
+    return (blocks + warm) * block_s(start_s, call_s, calls, placement, backend)
 
 
 def default_budget_min(first_look: float | None) -> float:
