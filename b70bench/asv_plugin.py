@@ -249,7 +249,7 @@ class Verdicts(OutputPublisher):
             graph_params = {k: v for k, v in graph.params.items() if len(all_params[k]) > 1}
             seconds = _figure(results, benchmarks, benchmark["name"], graph, revisions)
             suite = PAIRED_BY.get(benchmark["name"])
-            ratios, ses, minutes, placed, stopped = (
+            ratios, ses, minutes, placed, stopped, effects = (
                 _figure(results, benchmarks, f"{suite}.{figure}", graph, revisions) if suite else {}
                 for figure in paired_figures(benchmark["name"])
             )
@@ -297,6 +297,7 @@ class Verdicts(OutputPublisher):
                             ses=tuple(paired_ses.get(c, ((), None))[0] or ()),
                             gate_failed=c in failed,
                             placement=PLACED.get(_single(placed, tuple(combo), c)),
+                            min_effect=_single(effects, tuple(combo), c),
                         )
                         for c, (s, _v) in paired.items()
                     ]

@@ -230,7 +230,7 @@ def plan_lines(args, pre, revs: list[str]) -> list[str]:
     n = len(revs) - 1
     least = stopping.least_starts(stopping.DEFAULT_FIRST_BLOCKS, pre.where)
     most = most_verdicts(n)
-    verdict_s = pairing.first_look_cost_s(args, pre.stack, pre.where, pre.dev.backend)
+    verdict_s = pairing.first_look_cost_s(args, pre.stack, pre.where, pre.dev.backend, pre.spend)
     at_least = f"~{verdict_s / 60:.0f} min at least, " if verdict_s else ""
     return [
         f"plan: b70bench bisect {revs[0][:10]} {revs[-1][:10]}: {n} commits, {pre.stack.describe()}",
@@ -240,6 +240,7 @@ def plan_lines(args, pre, revs: list[str]) -> list[str]:
         f"{at_least}at most ~{most * args.budget:g} min",
         f"  a walk of each commit against its parent instead: {n} verdicts, {least * n}+ starts, at most "
         f"~{n * args.budget:g} min",
+        *pairing.spend_lines(pre.spend),
         design_plan_line(args, pre, n),
     ]
 

@@ -30,7 +30,7 @@ def run(args) -> int:
     pre = pairing.prepare(args)
     stack, backend, where, why, python = pre.stack, pre.dev.backend, pre.where, pre.why, pre.python
     if args.plan:
-        print("\n".join(pairing.plan_lines(args, stack, pre.dev, where, why, pre.settings)))
+        print("\n".join(pairing.plan_lines(args, stack, pre.dev, where, why, pre.settings, pre.spend)))
         return 0
     out_dir = (
         Path(args.out_dir) if args.out_dir else decode_model.cache_root() / "compare" / time.strftime("%Y%m%dT%H%M%S")

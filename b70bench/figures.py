@@ -54,13 +54,14 @@ PAIRED_FIGURES = (
     "track_minutes",
     "track_placement",
     "track_stopped",
+    "track_min_effect",
 )
 PAIRED_SUITES = tuple(dict.fromkeys(PAIRED_BY.values()))
 
 
 def paired_figures(name: str) -> tuple[str, ...]:
     """The paired figures of a decided figure, under its suite: its own ratio and standard errors, the shared
-    minutes, placement and why it stopped."""
+    minutes, placement, why it stopped and the effect it decided against."""
     prefix = PAIRED_RATIO.get(name, "")
     return tuple(f.replace("track_", f"track_{prefix}", 1) if "ratio" in f else f for f in PAIRED_FIGURES)
 

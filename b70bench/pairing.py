@@ -15,7 +15,7 @@ from pathlib import Path
 
 from b70bench import cachekey, device, options, patches, sides, stats
 from b70bench import side_settings as side_flags
-from b70bench.decode import pair
+from b70bench.decode import budget, pair
 from b70bench.errors import UsageError
 from b70bench.paired import placement as placements
 from b70bench.paired import report, stopping
@@ -71,27 +71,44 @@ def format_result(res: dict, labels: dict) -> list[str]:
     return lines
 
 
-def first_look_cost_s(args, stack: description.Stack, where: str, backend: str) -> float | None:
-    """Seconds the first look takes where the stack states what a warm start and a call cost (decode), else None."""
-    if args.suite != "decode" or not stack.start_s or stack.call_s is None:
+def first_look_cost_s(args, stack: description.Stack, where: str, backend: str, spend=None) -> float | None:
+    """Seconds the first look takes where they are known (decode): at the calibrated costs (spend: the Prepared
+    budget.Budget), else at what the stack states by hand; else None."""
+    if args.suite != "decode":
+        return None
+    if spend is not None and spend.forecast is not None:
+        return spend.forecast.first_look_minutes * 60
+    if not stack.start_s or stack.call_s is None:
         return None
     calls = args.rounds + pair.DEFAULT_WARMUP_CALLS
     return stopping.first_look_s(stack.start_s, stack.call_s, calls, stopping.DEFAULT_FIRST_BLOCKS, where, backend)
 
 
-def check_budget(args, stack: description.Stack, where: str, backend: str) -> None:
-    """The budget unless named: sized from the stack's start and call cost (stopping.default_budget_min); a named
-    one that cannot reach the first look is refused before anything starts."""
-    cost = first_look_cost_s(args, stack, where, backend)
+def check_budget(args, stack: description.Stack, where: str, backend: str, spend=None) -> None:
+    """The budget unless named: decode's from decode.budget (spend), else stopping.default_budget_min; a named one
+    that cannot reach the first look is refused before anything starts."""
+    cost = first_look_cost_s(args, stack, where, backend, spend)
     if args.budget is None:
-        args.budget = stopping.default_budget_min(cost)
+        args.budget = spend.budget_min if spend is not None else stopping.default_budget_min(cost)
     elif cost and args.budget * 60 < cost:
         blocks = stopping.first_look_blocks(stopping.DEFAULT_FIRST_BLOCKS, where)
         raise UsageError(
             f"--budget {args.budget:g} min does not reach a first look: {blocks} {where} blocks of {args.rounds} "
-            f"rounds take ~{cost / 60:.0f} min at the stack's start_s {stack.start_s:g} s and call_s "
-            f"{stack.call_s:g} s: pass --budget {math.ceil(cost / 60)} or more, or fewer --rounds"
+            f"rounds take ~{cost / 60:.0f} min at the stack's {'calibrated ' if spend and spend.costs else ''}"
+            f"costs: pass --budget {math.ceil(cost / 60)} or more, or fewer --rounds"
         )
+
+
+def spend_lines(spend) -> list[str]:
+    """A decode measurement's calls a start, the change it decides, the calibration and the forecast (a plan's)."""
+    if spend is None:
+        return []
+    return [
+        f"  calls a start: {spend.rounds} ({spend.rounds_why})",
+        f"  decides a {spend.min_effect:.1%} change ({spend.effect_why})",
+        *(f"  {x.strip()}" for x in spend.calibration_lines),
+        *spend.forecast_lines(),
+    ]
 
 
 def budget_text(args) -> str:
@@ -99,7 +116,7 @@ def budget_text(args) -> str:
     return f"{args.budget:g} min{starts}"
 
 
-def plan_lines(args, stack: description.Stack, dev, where: str, why: str, settings=None) -> list[str]:
+def plan_lines(args, stack: description.Stack, dev, where: str, why: str, settings=None, spend=None) -> list[str]:
     """What a compare would run, without building a side or starting a process: the stack, the device, the
     placement and why, each side's start and the environment it gets beyond this shell's, the budget."""
     backend = dev.backend
@@ -141,15 +158,13 @@ def plan_lines(args, stack: description.Stack, dev, where: str, why: str, settin
         else ""
     )
     first = stopping.first_look_blocks(stopping.DEFAULT_FIRST_BLOCKS, where)
-    cost = first_look_cost_s(args, stack, where, backend)
+    cost = first_look_cost_s(args, stack, where, backend, spend)
+    lines += spend_lines(spend)
     if cost:
-        lines.append(
-            f"  cost: the first look ~{cost / 60:.0f} min ({first} blocks at the stack's warm start "
-            f"{stack.start_s:g} s and call {stack.call_s:g} s; {2 * first} counted starts)"
-        )
+        lines.append(f"  cost: the first look ~{cost / 60:.0f} min ({first} blocks; {2 * first} counted starts)")
     elif args.suite == "decode":
         lines.append(
-            "  cost: unknown (state start_s and call_s, measured, in the stack for the plan to size the budget)"
+            "  cost: unknown (calibrate the stack, `b70bench stack calibrate`, for the plan to size the budget)"
         )
     lines.append(
         f"  budget: {budget_text(args)}; a block is one counted start per side ({rounds} each); {warm}first look "
@@ -170,6 +185,7 @@ class Prepared:
     where: str
     why: str
     settings: dict
+    spend: object | None = None  # decode: decode.budget.Budget (calls a start, budget, effect and their forecast)
 
 
 def prepare(args) -> Prepared:
@@ -192,20 +208,19 @@ def prepare(args) -> Prepared:
         default_rounds = moe_pair.DEFAULT_ROUNDS
     else:
         default_rounds = pair.DEFAULT_ROUNDS
-    args.rounds = default_rounds if args.rounds is None else args.rounds
-    if args.rounds < 4:
+    if args.rounds is not None and args.rounds < 4:
         raise UsageError(
             f"--rounds {args.rounds} is too few: a block's median needs 4 or more (default {default_rounds})"
         )
     if args.budget is not None and args.budget < stopping.MIN_BUDGET_MIN:
         raise UsageError(
             f"--budget {args.budget:g} min is too small to decide anything: a verdict needs two blocks, each of two "
-            f"starts and {args.rounds} paired rounds (about a minute on a 2-core CPU): pass --budget "
+            f"starts and {args.rounds or default_rounds} paired rounds (about a minute on a 2-core CPU): pass --budget "
             f"{stopping.MIN_BUDGET_MIN:g} or more (default {stopping.DEFAULT_BUDGET_MIN:g})"
         )
     if not 0.5 <= args.level < 1:
         raise UsageError(f"--level {args.level} is outside [0.5, 1): pass e.g. 0.95")
-    if not 0 < args.min_effect < 1:
+    if args.min_effect is not None and not 0 < args.min_effect < 1:
         raise UsageError(f"--min-effect {args.min_effect} is outside (0, 1): pass e.g. 0.05 for 5%")
     stack = description.load(args.stack) if args.stack else description.from_env()
     # The stack's first shape unless one is named: a rig's stack says what its calls cost.
@@ -221,8 +236,27 @@ def prepare(args) -> Prepared:
     stack.check_devices(backend, dev.count)
     judged = side_flags.placement_stack(stack, settings)
     where, why = placements.choose(args.placement, backend, None if args.suite == "moe-down" else judged)
-    check_budget(args, stack, where, backend)
-    return Prepared(python, env, stack, dev, where, why, settings)
+    spend = None
+    if args.suite == "decode":
+        given = lambda value, flag: None if value is None else (value, flag)  # noqa: E731
+        spend = budget.decide(
+            stack,
+            backend,
+            level=args.level,
+            first_blocks=stopping.DEFAULT_FIRST_BLOCKS,
+            where=where,
+            rounds=given(args.rounds, "--rounds"),
+            budget_min=given(args.budget, "--budget"),
+            min_effect=given(args.min_effect, "--min-effect"),
+        )
+        args.rounds, args.min_effect = spend.rounds, spend.min_effect
+    else:
+        args.rounds = default_rounds if args.rounds is None else args.rounds
+        if args.min_effect is None:
+            stated, _why = stopping.effect_from(stack.min_effect, {})
+            args.min_effect = stated if stated is not None else stats.DEFAULT_MIN_EFFECT
+    check_budget(args, stack, where, backend, spend)
+    return Prepared(python, env, stack, dev, where, why, settings, spend)
 
 
 def measure(args, pre: Prepared, a: str, b: str, out_dir: Path, say=True) -> tuple[dict, dict]:
@@ -375,8 +409,9 @@ def add_measure_options(p, suites: tuple[str, ...]) -> None:
     p.add_argument(
         "--min-effect",
         type=float,
-        default=stats.DEFAULT_MIN_EFFECT,
-        help="the change you would act on: undecided while the interval holds it (default 0.05)",
+        default=None,
+        help="the change you would act on: undecided, never 'no change', while the interval holds it (default: the "
+        "stack's min_effect, else what its calibration names in the budget, else 0.05)",
     )
     p.add_argument(
         "--floor",

@@ -35,7 +35,7 @@ from b70bench import (
     walkfollow,
     walklog,
 )
-from b70bench.decode import pair as decode_pair
+from b70bench.decode import budget as decode_budget
 from b70bench.errors import UsageError
 from b70bench.history import commits_in, export_patches, git
 from b70bench.paired import chain, report, stopping
@@ -475,16 +475,18 @@ def _costs(asv_args: list[str], stack: description.Stack) -> tuple[list[str], fl
     lines, minutes = [f"placement: {where} ({why})"], 0.0
     if selected(asv_args, RATIO_FIGURES["decode"]):
         shapes_ = shapes.walk_shapes(os.environ.get("B70BENCH_DECODE_SHAPES"), stack.shapes, backend)
-        each, source = decode_pair.walk_budget_min(stack, backend)
-        rounds, rounds_source = decode_pair.walk_rounds(stack, backend)
+        walk = decode_budget.walk_budget(stack, backend)
         lines.append(
-            f"decode: {' '.join(shapes_)}, {each:g} min each ({source}); {rounds} timed calls a start ({rounds_source})"
+            f"decode: {' '.join(shapes_)}, {walk.budget_min:g} min each ({walk.budget_why}); {walk.rounds} timed "
+            f"calls a start ({walk.rounds_why}); decides a {walk.min_effect:.1%} change ({walk.effect_why})"
         )
-        if source != decode_pair.BUDGET_ENV and not (stack.start_s and stack.call_s is not None):
+        lines += [f"  {x.strip()}" for x in walk.calibration_lines]
+        lines += walk.forecast_lines()
+        if walk.costs is None and walk.budget_why == "the default":
             lines.append(
-                "  what a start costs is unknown here: state the stack's start_s and call_s (docs/stacks.md, Budgets)"
+                "  what a start costs is unknown here: calibrate the stack (docs/stacks.md, Calibrate a stack)"
             )
-        minutes += each * len(shapes_)
+        minutes += walk.budget_min * len(shapes_)
     if selected(asv_args, RATIO_FIGURES["serve"]):
         text = os.environ.get("B70BENCH_SERVE_CONCURRENCY")
         levels = text.split() if text else [str(c) for c in serve_suite.DEFAULT_CONCURRENCY]
@@ -492,6 +494,40 @@ def _costs(asv_args: list[str], stack: description.Stack) -> tuple[list[str], fl
         lines.append(f"serve: {' '.join(levels)} requests, {each:g} min a level (B70BENCH_SERVE_BUDGET_MIN)")
         minutes += each * len(levels)
     return lines, minutes, where
+
+
+# What a night walks unless --asv-args names suites: the decode figures, paired with each commit's parent.
+NIGHT_SUITES = "bench_decode"
+
+
+def night(args, asv_args: list[str], stack: description.Stack, commits: int, inputs: dict) -> list[str]:
+    """--min-effect and --night, set for asv's processes (decode.budget reads them there): the smallest change each
+    measurement decides; the night's hours spread evenly over the commits' decode shapes (nothing kept back for
+    builds: the plan prints them), decode alone unless asv_args select suites. Returns the asv arguments."""
+    if args.min_effect is not None:
+        if not 0 < args.min_effect < 1:
+            raise UsageError(f"--min-effect {args.min_effect}: a fraction in (0, 1), e.g. 0.02 for 2%")
+        os.environ[stopping.MIN_EFFECT_ENV] = repr(args.min_effect)
+        inputs["min_effect"] = args.min_effect
+    if args.night is None:
+        return asv_args
+    if os.environ.get(decode_budget.BUDGET_ENV):
+        raise UsageError(f"--night and {decode_budget.BUDGET_ENV} both set a decode budget: drop one")
+    if not args.night > 0:
+        raise UsageError(f"--night {args.night}: hours, more than 0 (e.g. --night 10)")
+    chosen = any(a in ("--bench", "-b") or a.startswith("--bench=") for a in asv_args)
+    asv_args = asv_args if chosen else [*asv_args, "--bench", NIGHT_SUITES]
+    n_shapes = len(shapes.walk_shapes(os.environ.get("B70BENCH_DECODE_SHAPES"), stack.shapes, stack.resolved_backend()))
+    each = args.night * 60 / (max(commits, 1) * n_shapes)
+    if each < stopping.MIN_BUDGET_MIN:
+        raise UsageError(
+            f"--night {args.night:g}: {each:.1f} min a decode shape over {_commits(commits)} and {n_shapes} shape(s) "
+            f"decides nothing: give {stopping.MIN_BUDGET_MIN * commits * n_shapes / 60:.1f} hours or more, or a "
+            f"shorter range"
+        )
+    os.environ[decode_budget.BUDGET_ENV] = f"{each:.2f}"
+    inputs["night_h"] = args.night
+    return asv_args
 
 
 def say(line: str) -> None:
@@ -559,6 +595,7 @@ def run(args) -> int:
     if args.design and args.shard:
         raise UsageError("--design measures the range as one; --shard splits it across machines: drop one")
     inputs = {"asv_args": asv_args, "stack": stack_hash}
+    asv_args = night(args, asv_args, stack, len(commits), inputs)
     if args.design:  # its verdicts come from another design: a commit walked per pair is not finished for it
         walkdesign.check_placement(placements.choose(placements.AUTO, stack.resolved_backend(), stack)[0])
         inputs["design"] = True
@@ -684,6 +721,23 @@ def register(sub) -> None:
         help="measure the decode verdicts as one design before asv runs: each commit started once a pass, one engine "
         "at a time (refused where two engines fit), its starts serving its own verdict and its child's; its first "
         "look runs whole (--plan gives the starts beside the per-pair walk's)",
+    )
+    p.add_argument(
+        "--night",
+        type=float,
+        default=None,
+        metavar="HOURS",
+        help="spread HOURS over the range's commits and decode shapes (the decode budget of each), and walk decode "
+        "alone unless --asv-args names suites; --plan says what that budget decides",
+    )
+    p.add_argument(
+        "--min-effect",
+        type=float,
+        default=None,
+        metavar="FRACTION",
+        help="the smallest change each measurement must decide (0.02: 2%%): undecided, never 'no change', while the "
+        "interval holds it (default: the stack's min_effect, else what its calibration names in the budget, else "
+        "0.05); with a calibrated stack and no --night, the budget it needs",
     )
     p.add_argument("--plan", action="store_true", help="print the plan (commits, builds, budgets) and run nothing")
     p.add_argument(

@@ -115,8 +115,11 @@ class Ratio:
         - faster: the upper end below 1 and the ratio at most 1 / (1 + floor);
         - no change beyond X: the interval lies within [1 / (1 + X), 1 + X], X = max(hi, 1/lo) - 1 <= min_effect;
         - undecided: the interval still holds a change of min_effect (or has no finite ends: too few samples).
+
+        The floor never exceeds min_effect: a change resolved above the smallest one that matters is named, or a
+        2% setting would leave a resolved 1.5% change undecided however long it sampled.
         """
-        size = beyond_floor(self.ratio, floor)
+        size = beyond_floor(self.ratio, min(floor, min_effect))
         if size == SLOWER and self.lo > 1.0:
             return Decision(SLOWER, None, min_effect, self.lo, self.hi)
         if size == FASTER and self.hi < 1.0:

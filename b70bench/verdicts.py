@@ -53,6 +53,8 @@ class Point:
     ses: tuple[float, ...] = ()  # paired: each block's standard error of its log ratio, as samples are ordered
     gate_failed: bool = False  # the exact-token gate failed: the commit's speed was withheld, not measured
     placement: str | None = None  # paired: together or alternate (paired.placement)
+    # paired: the smallest change its measurement had to decide, as its stopping rule did; None: the page's setting.
+    min_effect: float | None = None
 
 
 @dataclass
@@ -111,11 +113,13 @@ def _too_few(p: Point, reference: list[str], n: int, rule: str, what: str) -> Ve
 def paired(
     points: list[Point], level: float = LEVEL, min_effect: float = MIN_EFFECT, floor: float = FLOOR
 ) -> list[Verdict]:
-    """One verdict per commit with paired ratios, each against its own parent (not against a segment)."""
+    """One verdict per commit with paired ratios, each against its own parent (not against a segment), at the
+    smallest change its own measurement had to decide where it says (Point.min_effect), else min_effect."""
     out = []
     for p in sorted(points, key=lambda q: q.revision):
         reference = [p.parent] if p.parent else []
-        r, d = stats.decide_blocks(list(p.samples), list(p.ses), level, min_effect, floor)
+        effect = p.min_effect if p.min_effect is not None else min_effect
+        r, d = stats.decide_blocks(list(p.samples), list(p.ses), level, effect, floor)
         n = sum(1 for x in p.samples if x is not None and x > 0)
         if r is None:
             out.append(_too_few(p, reference, n, PAIRED, "paired block(s)"))

@@ -16,6 +16,7 @@ import tempfile
 from pathlib import Path
 
 from b70bench import patches, records, sides
+from b70bench.decode import budget as decode_budget
 from b70bench.decode import pair as decode_pair
 from b70bench.errors import UsageError
 from b70bench.history import export_patches, git
@@ -37,17 +38,19 @@ def base_of(repo: Path, first: str) -> str:
 
 
 def settings_for(stack: description.Stack, commits: int) -> dict:
-    """The design's shapes, rounds a start, per-look level and budget: the walk's own (decode.pair.walk_rounds,
-    walk_budget_min, the same overall level), the budget being the per-pair walk's for all its commits together."""
+    """The design's shapes, rounds a start, per-look level, effect and budget: the walk's own (decode.budget, the same
+    overall level), the budget being the per-pair walk's for all its commits together."""
     backend = stack.resolved_backend()
-    each, source = decode_pair.walk_budget_min(stack, backend)
+    walk = decode_budget.walk_budget(stack, backend)
+    each = walk.budget_min
     return {
         "backend": backend,
         "shapes": shapes.walk_shapes(os.environ.get("B70BENCH_DECODE_SHAPES"), stack.shapes, backend),
-        "rounds": decode_pair.walk_rounds(stack, backend)[0],
+        "rounds": walk.rounds,
         "level": stopping.per_look_level(stopping.WALK_LEVEL),
+        "min_effect": walk.min_effect,
         "budget_min": each * commits,
-        "budget_source": f"{each:g} min a commit ({source}) x {commits}",
+        "budget_source": f"{each:g} min a commit ({walk.budget_why}) x {commits}",
     }
 
 
@@ -96,7 +99,7 @@ def plan_lines(stack: description.Stack, commits: int) -> list[str]:
         per_start = stopping.start_cost_s(stack.start_s, stack.call_s, calls)
         first_min = least * per_start / 60
         each = math.ceil(first_min / commits)
-        over = f" (the first look runs past the budget: set {decode_pair.BUDGET_ENV}={each} a commit or more)"
+        over = f" (the first look runs past the budget: set {decode_budget.BUDGET_ENV}={each} a commit or more)"
         lines.append(
             f"  minutes a shape at the stack's start {stack.start_s:g} s and call {stack.call_s:g} s: at least "
             f"{first_min:.0f} (per pair {per_pair_least * per_start / 60:.0f}), at most the budget"
@@ -170,7 +173,7 @@ def measure(
     where the decode adapter reads it."""
     s = settings_for(stack, len(commits))
     keys = [base_of(repo, commits[0]), *commits]
-    rule = stopping.Rule.walk(s["budget_min"] * 60, s["rounds"])
+    rule = stopping.Rule.walk(s["budget_min"] * 60, s["rounds"], s["min_effect"])
     for shape in s["shapes"]:
         out(f"design {shape}: {keys[0][:10]} (base) and {len(commits)} commits")
         results = measure_chain(repo, keys, stack, env, python, rule, shape, folder, lambda line: out(f"  {line}"))

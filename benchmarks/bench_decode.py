@@ -2,9 +2,10 @@
 
 Walking commits (ASV_COMMIT, or B70BENCH_COMMIT from `b70bench revisions`): the commit is measured against its git
 parent the way `b70bench compare` measures with --placement auto (both engines alive together, calls alternating,
-where two fit; else one engine at a time), in blocks of fresh engines until decided or B70BENCH_DECODE_BUDGET_MIN
-(default paired.stopping.DEFAULT_BUDGET_MIN) is spent (B70BENCH_DECODE_ROUNDS paired rounds a block, default
-decode.pair.DEFAULT_ROUNDS). Each block is one sample: this commit's median seconds per output token (the plotted
+where two fit; else one engine at a time), in blocks of fresh engines until decided or the budget is spent; the
+calls a start, the budget and the smallest change to decide are decode.budget's (B70BENCH_DECODE_ROUNDS,
+B70BENCH_DECODE_BUDGET_MIN and B70BENCH_MIN_EFFECT, else the stack's calibration, else its stated costs).
+Each block is one sample: this commit's median seconds per output token (the plotted
 figure) and its B/A against the parent (track_ratio_to_parent, what the website's verdict is read from), with the
 minutes and calls it took. B70BENCH_DECODE_PAIRED=0 (the Makefile's `make bench`) measures separate starts instead,
 as below.
@@ -24,11 +25,11 @@ names a backend this environment lacks is skipped with that reason.
 import os
 
 from b70bench import cachekey, decode, sides
-from b70bench.decode import pair
+from b70bench.decode import budget, pair
 from b70bench.decode import suite as decode_suite
 from b70bench.errors import UsageError
 from b70bench.fingerprint import fingerprint
-from b70bench.paired import report, stopping
+from b70bench.paired import report
 from b70bench.stack import description, shapes
 from b70bench.stack import model as decode_model
 
@@ -74,17 +75,11 @@ def _paired(dev) -> bool:
     return paired_walk(dev, "B70BENCH_DECODE_PAIRED")
 
 
-def _budget_s(stack=None, backend: str = "cpu") -> float:
-    """The walk's budget for one shape (decode.pair.walk_budget_min: the variable, else the stack's costs)."""
+def _walk(stack=None, backend: str = "cpu"):
+    """The walk's calls a start, budget and effect for one shape (decode.budget: the variables, the stack's
+    calibration, what it states by hand, the defaults)."""
     try:
-        return pair.walk_budget_min(stack or description.from_env(), backend)[0] * 60
-    except UsageError as err:
-        raise NotImplementedError(str(err)) from None
-
-
-def _rounds(stack=None, backend: str = "cpu") -> int:
-    try:
-        return pair.walk_rounds(stack or description.from_env(), backend)[0]
+        return budget.walk_budget(stack or description.from_env(), backend)
     except UsageError as err:
         raise NotImplementedError(str(err)) from None
 
@@ -97,7 +92,7 @@ def _paired_summary(shape: str, dev, stack) -> dict:
         commit,
         out_dir,
         pair.compare_series,
-        rule=stopping.Rule.walk(_budget_s(stack, dev.backend), _rounds(stack, dev.backend)),
+        rule=_walk(stack, dev.backend).rule(),
         shape=shape,
         backend=dev.backend,
         cache_dir=sides.paired_cache_dir(),
@@ -139,6 +134,7 @@ def _paired_summary(shape: str, dev, stack) -> dict:
         # A design's results written before keys were compared carry none: read from the same sides' facts.
         "key_change": res.get("key_change") or cachekey.from_sides(res["sides"]),
         "stopped": res.get("stopped"),
+        "min_effect": res.get("min_effect"),
     }
     say(f"{shape}: compile-cache key: {cachekey.change_line(summary['key_change'])}")
     cachekey.save({**summary["cache_key"], "key_change": summary["key_change"]}, run)
@@ -184,7 +180,9 @@ class Decode(_PairedFigures):
             out[shape] = summary
         return out
 
-    setup_cache.timeout = setup_timeout_s(lambda st: _budget_s(st, st.backend or "cpu"), len(params[0]), _starts)
+    setup_cache.timeout = setup_timeout_s(
+        lambda st: _walk(st, st.backend or "cpu").budget_min * 60, len(params[0]), _starts
+    )
 
     def setup(self, cache, shape, stack=None):
         if shape not in cache:

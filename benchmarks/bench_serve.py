@@ -20,7 +20,8 @@ measures separate starts instead, as above. B70BENCH_STACK names the stack file 
 
 import os
 
-from b70bench import serve, sides
+from b70bench import serve, sides, stats
+from b70bench.errors import UsageError
 from b70bench.paired import report, stopping
 from b70bench.serve import cli as serve_cli
 from b70bench.serve import pair as serve_pair
@@ -71,6 +72,15 @@ def _budget_s() -> float:
     return budget_s_from_env("B70BENCH_SERVE_BUDGET_MIN", stopping.DEFAULT_BUDGET_MIN, stopping.MIN_BUDGET_MIN)
 
 
+def _min_effect(stack) -> float:
+    """The smallest change a level must decide: the walk's variable, else the stack's min_effect, else the default."""
+    try:
+        stated, _why = stopping.effect_from(stack.min_effect)
+    except UsageError as err:
+        raise NotImplementedError(str(err)) from None
+    return stated if stated is not None else stats.DEFAULT_MIN_EFFECT
+
+
 def _paired_level(concurrency: int, backend: str, stack) -> dict:
     """One level of this commit against its parent (sides.against_parent with serve's pairing), as the
     figures asv tracks: per block, this commit's median E2E and its B/A to the parent."""
@@ -80,7 +90,9 @@ def _paired_level(concurrency: int, backend: str, stack) -> dict:
         decode_model.cache_root() / "asv-paired-serve" / commit[:12] / f"c{concurrency}",
         serve_pair.compare_series,
         rule=stopping.Rule.walk(
-            _budget_s(), whole_from_env("B70BENCH_SERVE_ROUNDS", serve_pair.DEFAULT_ROUNDS, 4, "paired rounds")
+            _budget_s(),
+            whole_from_env("B70BENCH_SERVE_ROUNDS", serve_pair.DEFAULT_ROUNDS, 4, "paired rounds"),
+            _min_effect(stack),
         ),
         concurrency=concurrency,
         cache_dir=sides.paired_cache_dir(),
@@ -107,6 +119,7 @@ def _paired_level(concurrency: int, backend: str, stack) -> dict:
         "levels": res["levels_per_side"],
         "placement": res.get("placement"),
         "stopped": res.get("stopped"),
+        "min_effect": res.get("min_effect"),
     }
 
 

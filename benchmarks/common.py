@@ -238,3 +238,10 @@ class _PairedFigures:
         return stopping.STOPS.get(cache[param].get("stopped"), math.nan)
 
     track_stopped.unit = "stop"
+
+    def track_min_effect(self, cache, param, stack=None):
+        """The smallest change the paired measurement had to decide (a fraction): the page decides this commit's
+        verdict against it, as the stopping rule did."""
+        return value(cache[param], "min_effect")
+
+    track_min_effect.unit = "fraction"

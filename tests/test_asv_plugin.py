@@ -559,3 +559,17 @@ def test_a_declared_numerics_change_has_its_speed_read_and_marked(tmp_path):
     assert named_commits(html).get(SECONDS) == {commits[3]}
     page = (html / "index.html").read_text()
     assert html_escape(asv_plugin.INTENDED_NOTE) in page
+
+
+def test_each_commit_is_decided_against_the_effect_its_walk_measured_at(tmp_path):
+    """The page reads track_min_effect beside the blocks: a ~2% slowdown whose interval still holds 2% is undecided
+    where the walk measured at 2% (never "no change beyond 4.5%", as at the page's 5%), and the commit measured with
+    no effect figure keeps the page's setting."""
+    effect = "bench_decode.Decode.track_min_effect"
+    UNITS.setdefault(effect, "fraction")
+    blocks = [1.015 * math.exp(x) for x in (-0.012, -0.008, -0.004, 0.0, 0.0, 0.004, 0.008, 0.012)]
+    paired = {i: (blocks, 5.6, 40) for i in (1, 2)}
+    html, commits = project(tmp_path, [1.0] * 3, paired=paired, more={1: {effect: (0.02, None)}})
+    rows = {v["commit"]: v for v in json.loads((html / "b70bench-verdicts.json").read_text())["verdicts"]}
+    assert rows[commits[1]]["verdict"] == stats.UNDECIDED and rows[commits[1]]["min_effect"] == 0.02
+    assert rows[commits[2]]["verdict"] == stats.NO_CHANGE and rows[commits[2]]["min_effect"] == 0.05

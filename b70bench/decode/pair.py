@@ -10,15 +10,13 @@ check the host state of every sample and the analysis can compare pairing, condi
 from __future__ import annotations
 
 import dataclasses
-import os
 import statistics
 from pathlib import Path
 
 from b70bench import cachekey, patches, side_settings, sides
-from b70bench.errors import UsageError
 from b70bench.paired import chain, report, stopping
 from b70bench.paired import placement as placements
-from b70bench.paired.blocks import MIN_ROUNDS_FOR_SE, SIDES, Block, Side
+from b70bench.paired.blocks import SIDES, Block, Side
 from b70bench.paired.live import EngineError, EngineHandle
 from b70bench.stack import description, gate, launch, logs
 from b70bench.stack.description import Stack
@@ -96,45 +94,6 @@ def run_block(
 
 
 DEFAULT_SHAPE = "p128n128"
-
-ROUNDS_ENV, BUDGET_ENV = "B70BENCH_DECODE_ROUNDS", "B70BENCH_DECODE_BUDGET_MIN"
-# A walk's rounds where starts are one at a time and the stack states their cost: calls for about half a start.
-# Starts are then the price of a block and the spread between them decides; calls beyond that buy little.
-LEAST_WALK_ROUNDS = MIN_ROUNDS_FOR_SE
-
-
-def walk_rounds(stack: Stack, backend: str) -> tuple[int, str]:
-    """Timed calls a start in a walk's decode figure, and where the number comes from: B70BENCH_DECODE_ROUNDS; else,
-    for a stack that states `start_s` and `call_s` and is placed alternate, as many calls as take half a start
-    (between LEAST_WALK_ROUNDS and DEFAULT_ROUNDS); else DEFAULT_ROUNDS."""
-    text = os.environ.get(ROUNDS_ENV)
-    if text:
-        if not text.isdigit() or int(text) < 4:
-            raise UsageError(f"{ROUNDS_ENV}={text!r}: set a whole number of paired rounds >= 4")
-        return int(text), ROUNDS_ENV
-    where, _why = placements.choose(placements.AUTO, backend, stack)
-    if stack.start_s and stack.call_s and where == placements.ALTERNATE:
-        fit = int(stack.start_s / (2 * stack.call_s))
-        return max(LEAST_WALK_ROUNDS, min(DEFAULT_ROUNDS, fit)), "calls for half the stack's start_s"
-    return DEFAULT_ROUNDS, "the default"
-
-
-def walk_budget_min(stack: Stack, backend: str) -> tuple[float, str]:
-    """Minutes a walk's decode measurement may spend, and where they come from: B70BENCH_DECODE_BUDGET_MIN; else,
-    for a stack that states `start_s` and `call_s`, its first look and one doubling of its blocks (a walk on a rig
-    decides with no variable set by hand); else paired.stopping.DEFAULT_BUDGET_MIN."""
-    if os.environ.get(BUDGET_ENV):
-        return stopping.budget_min_from_env(
-            BUDGET_ENV, stopping.DEFAULT_BUDGET_MIN, stopping.MIN_BUDGET_MIN
-        ), BUDGET_ENV
-    if stack.start_s and stack.call_s is not None:
-        where, _why = placements.choose(placements.AUTO, backend, stack)
-        calls = walk_rounds(stack, backend)[0] + DEFAULT_WARMUP_CALLS
-        first = stopping.first_look_s(stack.start_s, stack.call_s, calls, stopping.WALK_FIRST_BLOCKS, where, backend)
-        return stopping.default_budget_min(first), (
-            f"the first look and one doubling at the stack's start {stack.start_s:g} s and call {stack.call_s:g} s"
-        )
-    return stopping.DEFAULT_BUDGET_MIN, "the default"
 
 
 def series_target(dirs, env, out_dir, cache_dir, settings, spec, stack: Stack, shape, backend, python, engine_cls):

@@ -104,10 +104,11 @@ def default_budget_min(first_look: float | None) -> float:
 MIN_BUDGET_MIN = 2.0
 
 
-def budget_min_from_env(name: str, default_min: float, least_min: float = MIN_BUDGET_MIN) -> float:
-    """A paired measurement's budget in minutes from environment variable `name`, default_min when unset; a value
-    that is not a number of at least least_min minutes is a UsageError naming the fix."""
-    text = os.environ.get(name)
+def budget_min_from_env(name: str, default_min: float, least_min: float = MIN_BUDGET_MIN, environ=None) -> float:
+    """A paired measurement's budget in minutes from environment variable `name` (of environ, default this process's),
+    default_min when unset; a value that is not a number of at least least_min minutes is a UsageError naming the
+    fix."""
+    text = (os.environ if environ is None else environ).get(name)
     if not text:
         return default_min
     try:
@@ -117,6 +118,28 @@ def budget_min_from_env(name: str, default_min: float, least_min: float = MIN_BU
     if not value >= least_min:
         raise UsageError(f"{name}={text!r}: set {least_min:g} or more minutes per commit")
     return value
+
+
+# The smallest change a walk must decide, for this walk only (revisions --min-effect sets it for asv's processes).
+MIN_EFFECT_ENV = "B70BENCH_MIN_EFFECT"
+
+
+def effect_from(stated: float | None, environ=None) -> tuple[float | None, str | None]:
+    """The smallest change a measurement must decide where one is set, and where it comes from: MIN_EFFECT_ENV, else
+    `stated` (the stack's min_effect); (None, None) where neither is (the caller's default then applies)."""
+    environ = os.environ if environ is None else environ
+    text = environ.get(MIN_EFFECT_ENV)
+    if text:
+        try:
+            value = float(text)
+        except ValueError:
+            value = float("nan")
+        if not 0 < value < 1:
+            raise UsageError(f"{MIN_EFFECT_ENV}={text!r}: set a fraction in (0, 1), e.g. 0.02 for 2%")
+        return value, MIN_EFFECT_ENV
+    if stated is not None:
+        return stated, "the stack's min_effect"
+    return None, None
 
 
 @dataclass(frozen=True)
@@ -135,9 +158,11 @@ class Rule:
     max_blocks: int | None = None
 
     @classmethod
-    def walk(cls, budget_s: float, rounds: int | None = None) -> Rule:
-        """A walk's rule (asv's adapters, revisions --design): its level and first look, this budget."""
-        return cls(rounds=rounds, budget_s=budget_s, level=WALK_LEVEL, first_blocks=WALK_FIRST_BLOCKS)
+    def walk(cls, budget_s: float, rounds: int | None = None, min_effect: float = stats.DEFAULT_MIN_EFFECT) -> Rule:
+        """A walk's rule (asv's adapters, revisions --design): its level and first look, this budget and effect."""
+        return cls(
+            rounds=rounds, budget_s=budget_s, level=WALK_LEVEL, min_effect=min_effect, first_blocks=WALK_FIRST_BLOCKS
+        )
 
     def rounds_or(self, default: int) -> int:
         return self.rounds if self.rounds is not None else default

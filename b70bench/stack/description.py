@@ -53,6 +53,7 @@ _TYPES = {
     "gate_file": str,
     "start_s": float,
     "call_s": float,
+    "min_effect": float,
 }
 
 
@@ -83,6 +84,9 @@ class Stack:
     # seconds): the plan checks a budget against them and sizes the default one. None: not stated.
     start_s: float | None = None
     call_s: float | None = None
+    # The smallest change this stack's measurements must decide (a fraction: 0.02 is 2%): an interval that still holds
+    # it is undecided, never "no change". None: compare's --min-effect, or what the calibrated budget decides.
+    min_effect: float | None = None
     source: str | None = None  # the file it was read from
 
     @property
@@ -225,7 +229,8 @@ class Stack:
         """Content of the description (without where it was read from): two files saying the same are one stack."""
         d = asdict(self)
         d.pop("source")
-        for key in ("gate_file", "start_s", "call_s"):  # where pins are kept, what it costs: not what is measured
+        # Where pins are kept, what it costs, what it must decide: not what is measured.
+        for key in ("gate_file", "start_s", "call_s", "min_effect"):
             d.pop(key)
         if self.env_file:
             d["env_file"] = environment.read_env_file(self.env_file)
@@ -316,7 +321,9 @@ def load(path: str | os.PathLike) -> Stack:
     for key in ("start_s", "call_s"):
         if key in kw and kw[key] <= 0:
             raise _bad(path, f"{key} = {kw[key]}: seconds, more than 0 (measure one warm start and one call)")
-    for key in ("memory_fraction", "kv_cache_gib", "start_timeout_s", "start_s", "call_s"):
+    if "min_effect" in kw and not 0 < kw["min_effect"] < 1:
+        raise _bad(path, f"min_effect = {kw['min_effect']}: a fraction in (0, 1), e.g. 0.02 for 2%")
+    for key in ("memory_fraction", "kv_cache_gib", "start_timeout_s", "start_s", "call_s", "min_effect"):
         if key in kw:
             kw[key] = float(kw[key])
     kw["gate_file"] = local(kw.get("gate_file", GATE_FILE_NAME))
