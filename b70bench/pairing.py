@@ -21,7 +21,7 @@ from b70bench.paired import placement as placements
 from b70bench.paired import report, stopping
 from b70bench.paired.blocks import SIDES, Settings, Side
 from b70bench.serve import server
-from b70bench.stack import description, launch, shapes
+from b70bench.stack import calibration, description, launch, shapes
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -126,6 +126,8 @@ def plan_lines(args, stack: description.Stack, dev, where: str, why: str, settin
         f"  device: {backend}, {dev.count} visible ({dev.name})",
         f"  placement: {where} ({why})",
     ]
+    if args.suite != "moe-down":  # what a start and a call of this stack cost here, as `stack calibrate` measured
+        lines += [f"  {line}" for line in calibration.describe_lines(*calibration.for_stack(stack))]
     if args.suite == "moe-down":
         lines.append(f"  each side: python -m b70bench.moe.live (kernel, tp {args.tp}, {args.tokens} tokens)")
     else:
