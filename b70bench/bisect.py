@@ -240,8 +240,8 @@ def plan_lines(args, pre, revs: list[str]) -> list[str]:
         f"{at_least}at most ~{most * args.budget:g} min",
         f"  a walk of each commit against its parent instead: {n} verdicts, {least * n}+ starts, at most "
         f"~{n * args.budget:g} min",
-        *pairing.spend_lines(pre.spend),
         design_plan_line(args, pre, n),
+        *pairing.spend_lines(pre.spend),
     ]
 
 

@@ -22,6 +22,7 @@ from b70bench import (
     revisions,
     summarize,
 )
+from b70bench.decode import calibrate
 from b70bench.decode import cli as decode_cli
 from b70bench.errors import UsageError
 from b70bench.moe import cli as moe_cli
@@ -44,6 +45,7 @@ FRONTS = (
     compare,
     bisect,
     stack_cli,
+    calibrate,
     kernel_vs_model,
 )
 

@@ -126,7 +126,7 @@ def plan_lines(args, stack: description.Stack, dev, where: str, why: str, settin
         f"  device: {backend}, {dev.count} visible ({dev.name})",
         f"  placement: {where} ({why})",
     ]
-    if args.suite != "moe-down":  # what a start and a call of this stack cost here, as `stack calibrate` measured
+    if args.suite == "serve":  # what a start and a call of this stack cost here (decode's: spend_lines, below)
         lines += [f"  {line}" for line in calibration.describe_lines(*calibration.for_stack(stack))]
     if args.suite == "moe-down":
         lines.append(f"  each side: python -m b70bench.moe.live (kernel, tp {args.tp}, {args.tokens} tokens)")
@@ -165,9 +165,7 @@ def plan_lines(args, stack: description.Stack, dev, where: str, why: str, settin
     if cost:
         lines.append(f"  cost: the first look ~{cost / 60:.0f} min ({first} blocks; {2 * first} counted starts)")
     elif args.suite == "decode":
-        lines.append(
-            "  cost: unknown (calibrate the stack, `b70bench stack calibrate`, for the plan to size the budget)"
-        )
+        lines.append("  cost: unknown (calibrate the stack, `b70bench calibrate`, for the plan to size the budget)")
     lines.append(
         f"  budget: {budget_text(args)}; a block is one counted start per side ({rounds} each); {warm}first look "
         f"after {first} blocks (each started while the budget is not spent, or fewer), then blocks double "

@@ -482,10 +482,6 @@ def _costs(asv_args: list[str], stack: description.Stack) -> tuple[list[str], fl
         )
         lines += [f"  {x.strip()}" for x in walk.calibration_lines]
         lines += walk.forecast_lines()
-        if walk.costs is None and walk.budget_why == "the default":
-            lines.append(
-                "  what a start costs is unknown here: calibrate the stack (docs/stacks.md, Calibrate a stack)"
-            )
         minutes += walk.budget_min * len(shapes_)
     if selected(asv_args, RATIO_FIGURES["serve"]):
         text = os.environ.get("B70BENCH_SERVE_CONCURRENCY")

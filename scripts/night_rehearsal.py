@@ -1,5 +1,5 @@
 """A night on the rig, rehearsed on this CPU with real vLLM: one engine at a time, warm starts of a minute or more, the
-stack calibrated, then the same commits walked twice, with the allocation a stack stating start_s and call_s by hand
+calibrated, then the same commits walked twice, with the allocation a stack stating start_s and call_s by hand
 gets (half a start of calls, the first look and one doubling) and with the calibrated one (decode.budget).
 
     python3 scripts/night_rehearsal.py WORK STAGE...        (from the repository root; WORK a new or earlier folder)
@@ -11,7 +11,7 @@ Stages (`all` runs them in turn):
                slow12  + in-graph work, REPS12 products of SIZE x SIZE a layer and step (~12% here)
                noop    + a comment in a model file never imported
                slow6   + REPS6 more products (~6% over slow12)
-  calibrate  `b70bench stack calibrate --stack WORK/rig.toml` (STARTS a side, CALLS a start); then WORK/today/rig.toml:
+  calibrate  `b70bench calibrate --stack WORK/rig.toml` (STARTS a side, CALLS a start); then WORK/today/rig.toml:
              the same stack stating the calibration's warm start and call as start_s and call_s, no calibration
   plan       `revisions --plan` of RANGE with each stack (WORK/logs/plan-today.log, plan-calibrated.log)
   today      the walk with WORK/today/rig.toml (asv machine "today")

@@ -569,7 +569,7 @@ def test_each_commit_is_decided_against_the_effect_its_walk_measured_at(tmp_path
     UNITS.setdefault(effect, "fraction")
     blocks = [1.015 * math.exp(x) for x in (-0.012, -0.008, -0.004, 0.0, 0.0, 0.004, 0.008, 0.012)]
     paired = {i: (blocks, 5.6, 40) for i in (1, 2)}
-    html, commits = project(tmp_path, [1.0] * 3, paired=paired, more={1: {effect: (0.02, None)}})
+    html, commits = project(tmp_path, [1.0] * 6, paired=paired, more={1: {effect: (0.02, None)}})
     rows = {v["commit"]: v for v in json.loads((html / "b70bench-verdicts.json").read_text())["verdicts"]}
     assert rows[commits[1]]["verdict"] == stats.UNDECIDED and rows[commits[1]]["min_effect"] == 0.02
     assert rows[commits[2]]["verdict"] == stats.NO_CHANGE and rows[commits[2]]["min_effect"] == 0.05

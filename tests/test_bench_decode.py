@@ -112,13 +112,17 @@ def test_the_walks_budget_comes_from_the_environment(monkeypatch):
     from benchmarks import bench_decode
 
     monkeypatch.delenv("B70BENCH_DECODE_BUDGET_MIN", raising=False)
-    assert bench_decode._budget_s() == stopping.DEFAULT_BUDGET_MIN * 60
+    monkeypatch.delenv("B70BENCH_MIN_EFFECT", raising=False)
+    assert bench_decode._walk().budget_min == stopping.DEFAULT_BUDGET_MIN
     monkeypatch.setenv("B70BENCH_DECODE_BUDGET_MIN", "4.5")
-    assert bench_decode._budget_s() == 270
-    for bad in ("1", "soon"):
-        monkeypatch.setenv("B70BENCH_DECODE_BUDGET_MIN", bad)
-        with pytest.raises(NotImplementedError, match="B70BENCH_DECODE_BUDGET_MIN"):
-            bench_decode._budget_s()
+    monkeypatch.setenv("B70BENCH_MIN_EFFECT", "0.02")
+    assert bench_decode._walk().rule().budget_s == 270 and bench_decode._walk().rule().min_effect == 0.02
+    for name, bad in (("B70BENCH_DECODE_BUDGET_MIN", "1"), ("B70BENCH_DECODE_BUDGET_MIN", "soon"),
+                      ("B70BENCH_MIN_EFFECT", "2")):  # fmt: skip
+        with monkeypatch.context() as m:
+            m.setenv(name, bad)
+            with pytest.raises(NotImplementedError, match=name):
+                bench_decode._walk()
 
 
 def test_the_walks_rounds_come_from_the_environment(monkeypatch):
@@ -126,13 +130,13 @@ def test_the_walks_rounds_come_from_the_environment(monkeypatch):
     from benchmarks import bench_decode
 
     monkeypatch.delenv("B70BENCH_DECODE_ROUNDS", raising=False)
-    assert bench_decode._rounds() == pair.DEFAULT_ROUNDS
+    assert bench_decode._walk().rounds == pair.DEFAULT_ROUNDS
     monkeypatch.setenv("B70BENCH_DECODE_ROUNDS", "48")
-    assert bench_decode._rounds() == 48
+    assert bench_decode._walk().rule().rounds == 48
     for bad in ("3", "many"):
         monkeypatch.setenv("B70BENCH_DECODE_ROUNDS", bad)
         with pytest.raises(NotImplementedError, match="B70BENCH_DECODE_ROUNDS"):
-            bench_decode._rounds()
+            bench_decode._walk()
 
 
 def test_paired_figures_are_one_sample_per_block():

@@ -142,20 +142,28 @@ def test_plan_prints_the_cost_beside_a_walks_and_bad_input_is_one_line(tmp_path)
         lines[3].startswith("  a walk of each commit against its parent instead: 12 verdicts") and "~72 min" in lines[3]
     )
     # Together here: no design (it named no-ops where the per-pair walk named none), and a run of it is refused.
-    assert lines[4].startswith("  --design: not run here: two engines of this stack fit at once") and len(lines) == 5
+    assert lines[4].startswith("  --design: not run here: two engines of this stack fit at once")
+    # Then what each verdict spends and decides (decode.budget): the defaults here, the stack being uncalibrated.
+    assert lines[5:] == [
+        "  calls a start: 96 (the default)",
+        "  decides a 5.0% change (the default)",
+        "  calibration: not calibrated: run `b70bench calibrate`",
+    ], lines
     bad = subprocess.run([*cmd, "--design"], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert bad.returncode == 2 and bad.stderr.strip().endswith("drop --design"), bad.stderr
-    # A stack that states its start and call: minutes at least. A start: 60 s + (96 + 3 warm-up calls) x 0.5 s =
-    # 109.5 s; a per-pair verdict placed alternate 14 of them (25.6 min), the design 35 (63.9) and 63 (115.0).
+    # A stack that states its start and call: minutes at least. Its calls a start: half a start's worth (60), as the
+    # walk's. A start: 60 s + (60 + 3 warm-up calls) x 0.5 s = 91.5 s; a per-pair verdict placed alternate 14 of
+    # them (21.4 min), the design 35 (53.4) and 63 (96.1).
     (tmp_path / "rig.toml").write_text('model = "embedded"\nbackend = "cpu"\nstart_s = 60\ncall_s = 0.5\n')
     rig = [*cmd, "--stack", str(tmp_path / "rig.toml"), "--placement", "alternate", "--plan", "--budget", "40"]
     done = subprocess.run(rig, capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
-    assert "14 to 98+ starts, ~26 min at least, at most ~280 min" in lines[2]
+    assert "14 to 98+ starts, ~21 min at least, at most ~280 min" in lines[2]
     # Alternate: 7 starts a commit (a warm one and 6 passes).
     assert lines[4].startswith("  --design (5 commits a design, one engine at a time): 2 designs of 4, 3 segments")
-    assert "; 35 starts (~64 min) at least (no change in the range), 63 (~115 min) to 441 for one change" in lines[4]
+    assert "; 35 starts (~53 min) at least (no change in the range), 63 (~96 min) to 441 for one change" in lines[4]
+    assert lines[5] == "  calls a start: 60 (calls for half the stack's start_s (not calibrated))"
     bad = subprocess.run([*cmd, "--design", "--b-env", "X=1"], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert bad.returncode == 2 and "--design measures commits against each other" in bad.stderr
     bad = subprocess.run([*cmd, "--suite", "moe-down"], capture_output=True, text=True, cwd=ROOT, timeout=120)

@@ -1,4 +1,4 @@
-"""`b70bench stack calibrate` and its file: the spreads against numpy's formulas on synthetic A/A blocks of known
+"""`b70bench calibrate` and its file: the spreads against numpy's formulas on synthetic A/A blocks of known
 components, the file beside the stack and when it is stale, the command's bad input, `--from`, and one run end to
 end on the tests' stand-in engines (tests/fake_live.py, no vLLM)."""
 
@@ -113,7 +113,7 @@ def test_the_file_lives_beside_the_stack_and_reads_stale_when_either_changes(tmp
     path = calibration.path_for(stack)
     assert path == tmp_path.resolve() / "rig.calibration.json"
     cal, why = calibration.for_stack(stack)
-    assert cal is None and why == f"not calibrated: run `b70bench stack calibrate --stack {stack.source}`"
+    assert cal is None and why == f"not calibrated: run `b70bench calibrate --stack {stack.source}`"
     blocks, _lat, _ready = synthetic(3, 8, 0.02, 0.005)
     made = calibration.from_blocks(
         blocks, placement="alternate", backend="cpu", shape="p128n128", stack_hash=stack.hash()
@@ -128,7 +128,7 @@ def test_the_file_lives_beside_the_stack_and_reads_stale_when_either_changes(tmp
     later = path.stat().st_mtime + 10
     os.utime(stack.source, (later, later))
     got, why = calibration.for_stack(stack)
-    assert got == made and "older than the stack file" in why and "b70bench stack calibrate --stack" in why
+    assert got == made and "older than the stack file" in why and "b70bench calibrate --stack" in why
     # Measured for another stack.
     other = calibration.Calibration(**{**made.to_json(), "stack_hash": "0" * 12})
     assert calibration.staleness(stack, other, path).startswith("measured for another stack: hash 000000000000")
@@ -136,7 +136,7 @@ def test_the_file_lives_beside_the_stack_and_reads_stale_when_either_changes(tmp
     monkeypatch.setenv("B70BENCH_HOME", str(tmp_path / "state"))
     default = description.default()
     assert calibration.path_for(default) == tmp_path / "state" / "calibration" / f"{default.hash()}.json"
-    assert calibration.for_stack(default)[1] == "not calibrated: run `b70bench stack calibrate`"
+    assert calibration.for_stack(default)[1] == "not calibrated: run `b70bench calibrate`"
 
 
 @pytest.mark.parametrize("text", ["{not json", "[]", '{"stack_hash": "abc"}'])
@@ -146,7 +146,7 @@ def test_a_corrupt_file_is_one_line_naming_it_and_the_fix(tmp_path, text):
     with pytest.raises(UsageError) as err:
         calibration.load(path)
     msg = str(err.value)
-    assert str(path) in msg and "run b70bench stack calibrate again" in msg and "\n" not in msg, msg
+    assert str(path) in msg and "run b70bench calibrate again" in msg and "\n" not in msg, msg
 
 
 def b70bench(*args, cwd=None):
@@ -165,7 +165,7 @@ def b70bench(*args, cwd=None):
     [(["--starts", "1"], "--starts 1:"), (["--calls", "1"], "--calls 1:"), (["--shape", "512x1"], "bad shape")],
 )
 def test_bad_input_is_one_line_and_exit_2(tmp_path, args, words):
-    got = b70bench("stack", "calibrate", "--stack", str(write_stack(tmp_path)), *args)
+    got = b70bench("calibrate", "--stack", str(write_stack(tmp_path)), *args)
     assert got.returncode == 2 and words in got.stderr and len(got.stderr.splitlines()) == 1, got.stderr
 
 
@@ -179,7 +179,7 @@ def test_from_reads_block_files_writes_beside_the_stack_and_show_prints_it(tmp_p
         (run / f"block{b.index:02d}.json").write_text(json.dumps(b.to_json()) + "\n")
     shown = b70bench("stack", "show", str(stack_file), "--backend", "cpu")
     assert shown.returncode == 0 and "calibration: not calibrated" in shown.stdout, shown.stderr
-    got = b70bench("stack", "calibrate", "--stack", str(stack_file), "--from", str(run), "--backend", "cpu")
+    got = b70bench("calibrate", "--stack", str(stack_file), "--from", str(run), "--backend", "cpu")
     assert got.returncode == 0, got.stderr
     cal = calibration.load(tmp_path / "rig.calibration.json")
     assert cal.blocks == 3 and cal.placement == "alternate" and cal.start_cold_s is None
@@ -193,7 +193,7 @@ def test_from_reads_block_files_writes_beside_the_stack_and_show_prints_it(tmp_p
     assert "measured for another stack" in shown.stdout, shown.stdout
     empty = tmp_path / "empty"
     empty.mkdir()
-    got = b70bench("stack", "calibrate", "--stack", str(stack_file), "--from", str(empty))
+    got = b70bench("calibrate", "--stack", str(stack_file), "--from", str(empty))
     assert got.returncode == 2 and "no blockNN.json" in got.stderr
 
 
@@ -218,7 +218,7 @@ def test_a_calibration_end_to_end_on_stand_in_engines(tmp_path, stand_in, placem
     stack_file = write_stack(tmp_path)
     out = tmp_path / "out"
     args = cli.build_parser().parse_args(
-        ["stack", "calibrate", "--stack", str(stack_file), "--starts", "2", "--calls", "4", "--placement", placement,
+        ["calibrate", "--stack", str(stack_file), "--starts", "2", "--calls", "4", "--placement", placement,
          "--backend", "cpu", "--out-dir", str(out), "--json", str(tmp_path / "cal.json")]
     )  # fmt: skip
     assert args.func(args) == 0
@@ -234,5 +234,5 @@ def test_a_calibration_end_to_end_on_stand_in_engines(tmp_path, stand_in, placem
     pids = [s["pid"] for b in written for s in b.starts.values()]
     assert len(set(pids)) == 4 and not any(children.group_members(p) for p in pids)
     # The same blocks read back with --from give the same calibration (the run's calibrate.json: its cold start).
-    again = cli.build_parser().parse_args(["stack", "calibrate", "--stack", str(stack_file), "--from", str(out)])
+    again = cli.build_parser().parse_args(["calibrate", "--stack", str(stack_file), "--from", str(out)])
     assert again.func(again) == 0 and calibration.load(tmp_path / "rig.calibration.json") == cal

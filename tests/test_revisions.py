@@ -301,8 +301,11 @@ def test_plan_names_each_commits_builds_and_runs_nothing(tree_history, tmp_path)
     assert patches.read_journal(walker.env) is None
     # The CPU default here: together, decode's one shape at the walk's budget, serve's levels, the total at most.
     assert lines[4].startswith("placement: together (auto: two processes of"), lines
-    assert lines[5] == "decode: p128n128b1, 10 min each (the default); 96 timed calls a start (the default)", lines
-    assert lines[6].startswith("  what a start costs is unknown here: state the stack's start_s and call_s"), lines
+    assert lines[5] == (
+        "decode: p128n128b1, 10 min each (the default); 96 timed calls a start (the default); decides a 5.0% change "
+        "(the default)"
+    ), lines
+    assert lines[6].startswith("  calibration: not calibrated: run `b70bench calibrate"), lines
     assert lines[7] == "serve: 1 4 16 requests, 10 min a level (B70BENCH_SERVE_BUDGET_MIN)", lines
     assert lines[8] == "starts: 6 at least a decided measurement (3 blocks of 2)", lines
     assert lines[9].startswith("time: at most ~40 min a commit") and "~1.3 h for 2 commits to measure" in lines[9]
@@ -323,7 +326,8 @@ def test_plan_names_each_commits_builds_and_runs_nothing(tree_history, tmp_path)
 
 
 def test_plan_cost_follows_the_stack_the_budgets_and_the_selected_suites(tmp_path, monkeypatch):
-    for name in ("B70BENCH_DECODE_SHAPES", "B70BENCH_SERVE_CONCURRENCY", "B70BENCH_SERVE_BUDGET_MIN"):
+    for name in ("B70BENCH_DECODE_SHAPES", "B70BENCH_SERVE_CONCURRENCY", "B70BENCH_SERVE_BUDGET_MIN",
+                 "B70BENCH_MIN_EFFECT", "B70BENCH_DECODE_ROUNDS"):  # fmt: skip
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("B70BENCH_DECODE_BUDGET_MIN", "70")
     rig = tmp_path / "rig.toml"
@@ -335,7 +339,8 @@ def test_plan_cost_follows_the_stack_the_budgets_and_the_selected_suites(tmp_pat
     # Alternate: one uncounted start a side, then six blocks of two counted starts before the first look.
     assert lines[1:] == [
         "decode: p512n512b1 p512n1536b1 p512n2048b1, 70 min each (B70BENCH_DECODE_BUDGET_MIN); 96 timed calls a "
-        "start (the default)",
+        "start (the default); decides a 5.0% change (the default)",
+        f"  calibration: not calibrated: run `b70bench calibrate --stack {rig}`",
         "starts: 14 at least a decided measurement (2 fill the compile caches, then 6 blocks of 2)",
         "time: at most ~210 min a commit (+ the block under way when a budget runs out, builds, isolated suites); "
         "~35.0 h for 10 commits to measure",
@@ -347,7 +352,8 @@ def test_plan_cost_follows_the_stack_the_budgets_and_the_selected_suites(tmp_pat
     first_look = 2 * (240 + (40 + pair.DEFAULT_WARMUP_CALLS) * 3) * 7 / 60  # 7: one warm start a side + 6 blocks
     assert lines[1] == (
         f"decode: p512n256, {math.ceil(2 * first_look)} min each (the first look and one doubling at the stack's "
-        "start 240 s and call 3 s); 40 timed calls a start (calls for half the stack's start_s)"
+        "start 240 s and call 3 s); 40 timed calls a start (calls for half the stack's start_s (not calibrated)); "
+        "decides a 5.0% change (the default)"
     ), lines
     assert revisions.cost_lines(["-b", "Serve"], stack, 1)[1].startswith("serve: 1 4 16 requests")
     assert "none selected" in revisions.cost_lines(["--bench", "AllReduce"], stack, 1)[0]

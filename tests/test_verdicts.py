@@ -95,7 +95,9 @@ def test_the_four_words_from_hand_made_intervals():
 def test_floor_and_min_effect_are_separate_thresholds():
     slow = stats.Ratio(1.08, 1.03, 1.13, 0.95, 6, 6)
     # Resolved, but smaller than the floor asked for: not named; the interval still holds 13%.
-    assert slow.decide(floor=0.10).word == stats.UNDECIDED
+    assert slow.decide(min_effect=0.12, floor=0.10).word == stats.UNDECIDED
+    # The floor never exceeds the smallest change that matters: resolved above 5%, it is named.
+    assert slow.decide(floor=0.10).word == stats.SLOWER
     assert slow.decide(min_effect=0.15, floor=0.10).text == "no change beyond 13.0%"
     # A resolved change below the floor with a narrow interval: within the bound, so "no change beyond".
     tiny = stats.Ratio(1.005, 1.002, 1.009, 0.95, 6, 6)

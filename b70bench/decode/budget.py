@@ -2,7 +2,7 @@
 smallest change it must decide, and the forecast that ties them together.
 
 Each comes from the first of: a variable set for this walk (revisions sets them for --night and --min-effect), the
-stack's calibration (`b70bench stack calibrate`: measured costs and spreads, paired.allocation's two-stage optimum),
+stack's calibration (`b70bench calibrate`: measured costs and spreads, paired.allocation's two-stage optimum),
 what the stack file states by hand (start_s, call_s, min_effect), the defaults. The asv adapters, `revisions --plan`
 and the walk design all read this one function, so the plan prints what the walk then does.
 """
@@ -54,8 +54,8 @@ class Budget:
     def forecast_lines(self) -> list[str]:
         """What this budget decides at the calibrated spread (the plan's promise), or why nothing is forecast."""
         f = self.forecast
-        if f is None:
-            return ["  forecast: none (no current calibration: `b70bench stack calibrate --stack FILE`)"]
+        if f is None:  # the calibration's line says why
+            return []
         lines = [
             f"  forecast at the calibrated spread: at most {f.blocks} blocks ({f.minutes:.0f} min), the first look "
             f"~{f.first_look_minutes:.0f} min; 4 times in 5 a {f.names:.1%} slowdown is named and a no-op reads no "

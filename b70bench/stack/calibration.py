@@ -1,5 +1,5 @@
 """A stack's calibration: what a start and a call of it cost here and how they spread, read off a short A/A in the
-stack's own placement (`b70bench stack calibrate`), and the file beside the stack that keeps it.
+stack's own placement (`b70bench calibrate`), and the file beside the stack that keeps it.
 
 Every spread is of logs, so it reads as a fraction (0.012: 1.2%), and the variance components are computed from
 means of logs, whatever the blocks' own figure is:
@@ -31,7 +31,7 @@ from b70bench.paired.blocks import SIDES, Block
 from b70bench.stack.description import Stack
 
 SUFFIX = ".calibration.json"
-AGAIN = "run b70bench stack calibrate again"
+AGAIN = "run b70bench calibrate again"
 
 
 @dataclass(frozen=True)
@@ -179,7 +179,7 @@ def _number(v) -> bool:
 
 
 def command(stack: Stack) -> str:
-    return "b70bench stack calibrate" + (f" --stack {stack.source}" if stack.source else "")
+    return "b70bench calibrate" + (f" --stack {stack.source}" if stack.source else "")
 
 
 def staleness(stack: Stack, cal: Calibration, path: Path) -> str | None:

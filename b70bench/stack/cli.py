@@ -1,6 +1,7 @@
-"""`b70bench stack`: show what a stack file says, whether its gate is pinned and its calibration; calibrate it
-(calibrate.py); write the embedded model to a directory (a model directory like any other: config, safetensors,
-tokenizer files) for a stack to name by path; write the MiniMax M2.7 INT4 stand-in (standin.py) and its stack."""
+"""`b70bench stack`: show what a stack file says, whether its gate is pinned and its calibration (measured by
+`b70bench calibrate`, decode/calibrate.py); write the embedded model to a directory (a model directory like any other:
+config, safetensors, tokenizer files) for a stack to name by path; write the MiniMax M2.7 INT4 stand-in (standin.py)
+and its stack."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 from b70bench import device
 from b70bench.errors import UsageError
 from b70bench.fingerprint import dist_version
-from b70bench.stack import calibrate, calibration, description, gate, shapes, standin
+from b70bench.stack import calibration, description, gate, shapes, standin
 from b70bench.stack import model as modelmod
 from b70bench.stack import tokenizer as tokmod
 
@@ -108,7 +109,6 @@ def register(sub) -> None:
     s.add_argument("--gate-file", default=None, help=f"pinned hashes (default {gate.GATES_FILE})")
     add_device_args(s)
     s.set_defaults(func=show)
-    calibrate.add_parser(ssub)
     w = ssub.add_parser("write-model", help="write the embedded tiny MiniMax-M2 (and its tokenizer) to a directory")
     w.add_argument("dir", help="a new directory")
     w.add_argument(

@@ -1,4 +1,4 @@
-"""`b70bench stack calibrate`: a short A/A of the installed vLLM in the stack's own placement, a fixed number of
+"""`b70bench calibrate`: a short A/A of the installed vLLM in the stack's own placement, a fixed number of
 blocks with no stopping rule, read into the calibration beside the stack file (stack.calibration).
 
 Both sides are the same code, so they share one compile cache, empty at the start: one uncounted start of side A
@@ -89,7 +89,7 @@ def read_dir(d: Path) -> tuple[list[Block], dict]:
     numbered = [f for f in d.glob("block*.json") if f.stem[5:].isdigit()]
     files = sorted(numbered, key=lambda f: int(f.stem[5:]))
     if not files:
-        raise UsageError(f"--from {d}: no blockNN.json there: pass the out dir of `stack calibrate` or an A/A compare")
+        raise UsageError(f"--from {d}: no blockNN.json there: pass the out dir of `calibrate` or an A/A compare")
     try:
         blocks = [Block.from_json(json.loads(f.read_text())) for f in files]
         meta = json.loads((d / META).read_text()) if (d / META).is_file() else {}
@@ -145,7 +145,7 @@ def run(args) -> int:
             "vllm": _vllm_version(python), "date": calibration._now(),
         }  # fmt: skip
         print(
-            f"b70bench stack calibrate: {stack.describe()}; on {backend}, placement {where} ({why}); shape {shape}; "
+            f"b70bench calibrate: {stack.describe()}; on {backend}, placement {where} ({why}); shape {shape}; "
             f"one cold start, then {args.starts} blocks of {args.calls} timed calls a start; logs in {out_dir}",
             flush=True,
         )
@@ -162,7 +162,7 @@ def run(args) -> int:
         )  # fmt: skip
     except ValueError as err:
         why = stopped if not blocks else str(err) + (f" ({stopped})" if stopped else "")
-        print(f"b70bench stack calibrate: failed: {why}", file=sys.stderr)
+        print(f"b70bench calibrate: failed: {why}", file=sys.stderr)
         return 1
     path = calibration.path_for(stack)
     calibration.save(cal, path)
@@ -175,10 +175,10 @@ def run(args) -> int:
     return 0
 
 
-def add_parser(ssub) -> None:
+def register(sub) -> None:
     from b70bench.options import add_device_args, add_stack_arg
 
-    c = ssub.add_parser(
+    c = sub.add_parser(
         "calibrate",
         help="a short A/A of the stack in its own placement: what a start and a call cost here and how they spread, "
         "written beside the stack file",
