@@ -80,7 +80,7 @@ def setup(work: Path) -> None:
 
 def calibrate(work: Path) -> None:
     starts, calls = str(rig.env_int("STARTS", 3)), str(rig.env_int("CALLS", 8))
-    rig.b70(work, "calibrate", "stack", "calibrate", "--stack", str(work / "rig.toml"), "--starts", starts,
+    rig.b70(work, "calibrate", "calibrate", "--stack", str(work / "rig.toml"), "--starts", starts,
             "--calls", calls, "--out-dir", str(work / "cal"))  # fmt: skip
     cal = json.loads((work / "rig.calibration.json").read_text())
     (work / "today").mkdir(exist_ok=True)

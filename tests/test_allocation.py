@@ -76,11 +76,16 @@ def test_the_two_stage_optimum_costs_within_5_percent_of_the_simulated_best(cost
 def test_the_rig_is_clamped_by_the_floor_and_the_cpu_is_not():
     m, why = al.optimal_calls(RIG, ALT, "cuda")
     assert m == 4 and why == (
-        "4 calls a start: a start costs 240 s against 17 s a call, and starts spread 2% against 1% between calls "
-        "(two-stage optimum 2.6, floor 4)"
+        "4 calls a start: a start costs 240 s against 17 s a call, and a block's B/A spreads 2% beyond its calls "
+        "against 1% a round (two-stage optimum 2.6, floor 4)"
     )
     m, why = al.optimal_calls(CPU, TOG)
-    assert m == 26 and "12 s against 0.5 s a call" in why and "3% against 20%" in why and "optimum 25.8)" in why
+    assert (
+        m == 26
+        and "12 s against 0.5 s a call" in why
+        and "3% beyond its calls against 20% a round" in why
+        and "optimum 25.8)" in why
+    )
 
 
 def test_optimal_calls_floor_cap_and_zero_spreads():

@@ -119,8 +119,9 @@ def optimal_calls(
     clamp = f", floor {floor}" if m < floor else f", cap {cap}" if m > cap else ""
     m = min(max(m, floor), cap)
     return m, (
-        f"{m} calls a start: a start costs {costs.start_s:g} s against {costs.call_s:g} s a call, and starts spread "
-        f"{_pct(costs.block_sd)} against {_pct(costs.round_sd)} between calls (two-stage optimum {best:.1f}{clamp})"
+        f"{m} calls a start: a start costs {costs.start_s:.3g} s against {costs.call_s:.3g} s a call, and a block's "
+        f"B/A spreads {_pct(costs.block_sd)} beyond its calls against {_pct(costs.round_sd)} a round (two-stage "
+        f"optimum {best:.1f}{clamp})"
     )
 
 
