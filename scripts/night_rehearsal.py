@@ -136,7 +136,7 @@ def summary(work: Path) -> None:
     keep = ("text", "ratio", "lo", "hi", "n", "minutes", "min_effect", "stopped")
     out: dict = {"walks": json.loads((work / "walks.json").read_text()) if (work / "walks.json").exists() else {}}
     for v in page["verdicts"]:
-        if v.get("benchmark", "").endswith("track_s_per_output_token"):
+        if "track_s_per_output_token(" in v.get("benchmark", ""):
             out.setdefault(v.get("machine"), {})[names.get(v["commit"], v["commit"][:10])] = {k: v.get(k) for k in keep}
     for name in stacks(work):
         log = work / "logs" / f"plan-{name}.log"
