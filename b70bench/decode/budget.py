@@ -1,10 +1,11 @@
-"""What a walk's decode measurement spends and decides, one shape of one commit: timed calls a start, the budget, the
-smallest change it must decide, and the forecast that ties them together.
+"""What a decode measurement (compare's, bisect's, a walked commit's shape) spends and decides: timed calls a start,
+the budget, the smallest change it must decide, and the forecast that ties them together.
 
-Each comes from the first of: a variable set for this walk (revisions sets them for --night and --min-effect), the
-stack's calibration (`b70bench calibrate`: measured costs and spreads, paired.allocation's two-stage optimum),
-what the stack file states by hand (start_s, call_s, min_effect), the defaults. The asv adapters, `revisions --plan`
-and the walk design all read this one function, so the plan prints what the walk then does.
+Each comes from the first of: what the run sets (compare's options; for a walk its variables, which revisions sets
+for --night and --min-effect), the stack's calibration (`b70bench calibrate`: measured costs and spreads,
+paired.allocation's two-stage optimum), what the stack file states by hand (start_s, call_s, min_effect), the
+defaults. compare, bisect, the asv adapter, `revisions --plan` and the walk design all read decide(), so a plan prints
+what the measurement then does.
 """
 
 from __future__ import annotations
