@@ -28,7 +28,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -128,9 +127,7 @@ def aa(work: Path) -> None:
 
 
 def summary(work: Path) -> None:
-    done = subprocess.run([sys.executable, "-m", "asv", "publish"], cwd=work / "repo", env=rig.child_env(work),
-                          capture_output=True, text=True)  # fmt: skip
-    (work / "logs" / "publish.log").write_text(done.stdout + done.stderr)
+    rig.publish(work)
     names = {h: n for n, h in json.loads((work / "setup.json").read_text())["commits"].items()}
     page = json.loads((work / "html" / "b70bench-verdicts.json").read_text())
     keep = ("text", "ratio", "lo", "hi", "n", "minutes", "min_effect", "stopped")
